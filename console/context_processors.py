@@ -1,0 +1,11 @@
+"""Template context shared by every console page."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+
+from fleet.tenancy import is_platform_admin
+
+
+def switchyard(request: HttpRequest) -> dict[str, object]:
+    return {"is_platform_admin": is_platform_admin(getattr(request, "user", None))}

@@ -1,0 +1,1 @@
+"""Fleet: what exists and who may use it (tenancy, tokens, quotas, inventory, adapters)."""

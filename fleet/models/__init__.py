@@ -1,0 +1,17 @@
+from .audit import AuditEvent
+from .inventory import GPU, Cluster, InferenceServer, Node
+from .quotas import Placement, Quota
+from .tenancy import APIToken, Membership, Tenant
+
+__all__ = [
+    "GPU",
+    "APIToken",
+    "AuditEvent",
+    "Cluster",
+    "InferenceServer",
+    "Membership",
+    "Node",
+    "Placement",
+    "Quota",
+    "Tenant",
+]

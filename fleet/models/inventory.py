@@ -1,0 +1,143 @@
+"""Clusters, nodes, GPUs and the inference servers that run on them."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from fleet.tenancy import FleetQuerySet
+
+from .tenancy import slug_validator
+
+
+class Cluster(models.Model):
+    """A group of nodes that Switchyard can place models on.
+
+    ``local`` clusters are run by Switchyard itself on this machine (the demo and the tests);
+    ``static`` clusters are servers reached at fixed endpoints; ``kubernetes`` clusters are
+    synced through the Kubernetes API. Clusters are shared infrastructure: every tenant member
+    can see them, only platform admins change them.
+    """
+
+    objects = FleetQuerySet.as_manager()
+
+    class Kind(models.TextChoices):
+        LOCAL = "local", "Local"
+        STATIC = "static", "Static endpoints"
+        KUBERNETES = "kubernetes", "Kubernetes"
+
+    name = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    description = models.CharField(max_length=300, blank=True)
+    api_url = models.URLField(blank=True, help_text="Kubernetes API server (kubernetes clusters)")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    """A host in a cluster. ``device_class`` is ``cpu`` for CPU-only nodes (the local demo)."""
+
+    objects = FleetQuerySet.as_manager()
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=128)
+    hostname = models.CharField(max_length=255, blank=True)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+    labels = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="uniq_node_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+
+class GPU(models.Model):
+    """One GPU on a node, or one MIG slice of one (``parent`` set, ``mig_profile`` named).
+
+    ``device_class`` is the slug quotas are written against, e.g. ``nvidia-a100-80gb``.
+    """
+
+    objects = FleetQuerySet.as_manager()
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=100, help_text="Product name, e.g. NVIDIA A100-SXM4-80GB")
+    device_class = models.CharField(max_length=64, validators=[slug_validator])
+    memory_mib = models.PositiveIntegerField()
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="mig_slices"
+    )
+    mig_profile = models.CharField(max_length=32, blank=True, help_text="e.g. 3g.40gb")
+
+    class Meta:
+        ordering = ["node__cluster__name", "node__name", "index", "mig_profile"]
+
+    def __str__(self) -> str:
+        suffix = f" {self.mig_profile}" if self.mig_profile else ""
+        return f"{self.node} gpu{self.index}{suffix}"
+
+
+class InferenceServer(models.Model):
+    """A Triton or vLLM endpoint. Its health is observed, never typed in.
+
+    The health task probes every server every few seconds: unknown (never checked) →
+    healthy (ready) | unhealthy (answers but not ready) | unreachable (no answer in time).
+    ``last_seen_at`` is the last time it answered at all; ``reported_models`` is what the
+    server itself says it has loaded (the repository index for Triton, /v1/models for vLLM).
+    """
+
+    objects = FleetQuerySet.as_manager()
+
+    class Runtime(models.TextChoices):
+        TRITON = "triton", "Triton"
+        VLLM = "vllm", "vLLM"
+
+    class Health(models.TextChoices):
+        UNKNOWN = "unknown", "Unknown"
+        HEALTHY = "healthy", "Healthy"
+        UNHEALTHY = "unhealthy", "Unhealthy"
+        UNREACHABLE = "unreachable", "Unreachable"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="servers")
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="servers")
+    name = models.CharField(max_length=64, validators=[slug_validator])
+    runtime = models.CharField(max_length=16, choices=Runtime.choices)
+    http_url = models.URLField()
+    grpc_url = models.CharField(max_length=255, blank=True, help_text="host:port")
+    metrics_url = models.URLField(blank=True)
+    model_repository = models.CharField(
+        max_length=500, blank=True, help_text="Model repository folder (local and static clusters)"
+    )
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    health_detail = models.TextField(blank=True)
+    server_version = models.CharField(max_length=64, blank=True)
+    reported_models = models.JSONField(default=list, blank=True)
+    probe_latency_ms = models.FloatField(null=True, blank=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    last_checked_at = models.DateTimeField(null=True, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    health_changed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="uniq_server_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.health == self.Health.HEALTHY

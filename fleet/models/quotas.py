@@ -1,0 +1,99 @@
+"""Tenant quotas per device class, and the placements that use them."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from fleet.tenancy import scoped_manager
+
+from .inventory import InferenceServer
+from .tenancy import Tenant, slug_validator
+
+CPU_CLASS = "cpu"
+
+
+class Quota(models.Model):
+    """How much of one device class a tenant may hold at once.
+
+    For a GPU class (e.g. ``nvidia-a100-80gb``) ``units`` counts GPUs and ``memory_mib`` GPU
+    memory. For the ``cpu`` class (CPU-only nodes such as the local demo cluster) ``units``
+    counts model instances and ``memory_mib`` host memory. Usage is the sum of the tenant's
+    active placements on that class.
+    """
+
+    objects = scoped_manager("tenant")
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    device_class = models.CharField(max_length=64, validators=[slug_validator])
+    units = models.PositiveIntegerField(help_text="GPUs, or model instances for the cpu class")
+    memory_mib = models.PositiveBigIntegerField(help_text="GPU memory, or host memory for cpu")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "device_class"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "device_class"], name="uniq_quota_per_class")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.device_class}"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device_class == CPU_CLASS
+
+    @property
+    def unit_label(self) -> str:
+        return "model instances" if self.is_cpu else "GPUs"
+
+    @property
+    def memory_label(self) -> str:
+        return "host memory" if self.is_cpu else "GPU memory"
+
+
+class Placement(models.Model):
+    """One model version loaded on one server, holding quota while it is active.
+
+    States: loading → active → released. Only ``loading`` and ``active`` placements count
+    against quota.
+    """
+
+    objects = scoped_manager("tenant")
+
+    class State(models.TextChoices):
+        LOADING = "loading", "Loading"
+        ACTIVE = "active", "Active"
+        RELEASED = "released", "Released"
+
+    HOLDING = (State.LOADING, State.ACTIVE)
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="placements")
+    server = models.ForeignKey(InferenceServer, on_delete=models.PROTECT, related_name="placements")
+    model_version = models.ForeignKey(
+        "rollouts.ModelVersion", on_delete=models.PROTECT, related_name="placements"
+    )
+    device_class = models.CharField(max_length=64, validators=[slug_validator])
+    units = models.PositiveIntegerField()
+    memory_mib = models.PositiveBigIntegerField()
+    config_hash = models.CharField(max_length=64, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "model_version"],
+                condition=models.Q(state__in=["loading", "active"]),
+                name="uniq_active_placement",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_version} on {self.server} ({self.state})"
+
+    def clean(self) -> None:
+        if self.units == 0:
+            raise ValidationError({"units": "a placement holds at least one unit"})

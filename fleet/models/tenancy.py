@@ -1,0 +1,116 @@
+"""Tenants, the people in them and the API tokens that act for them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+from fleet.tenancy import scoped_manager
+from django.utils import timezone
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$",
+    "use lowercase letters, digits and dashes (1-64 characters, no leading or trailing dash)",
+)
+
+
+class Tenant(models.Model):
+    """A team that owns models, deployments, quota and tokens. Tenants never see each other."""
+
+    objects = scoped_manager("id")
+
+    slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A person's role in one tenant. Roles are ordered: each includes the ones below it.
+
+    viewer reads; deployer registers versions, edits deployments and aliases; approver also
+    approves or rejects versions requested by someone else; admin also manages tokens.
+    Platform admins (superusers) act as admin in every tenant.
+    """
+
+    objects = scoped_manager("tenant")
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer", "Viewer"
+        DEPLOYER = "deployer", "Deployer"
+        APPROVER = "approver", "Approver"
+        ADMIN = "admin", "Admin"
+
+    RANK = {Role.VIEWER: 0, Role.DEPLOYER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="uniq_membership")]
+        ordering = ["tenant__slug", "user__username"]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+    @classmethod
+    def rank(cls, role: str) -> int:
+        return cls.RANK[cls.Role(role)]
+
+
+class APIToken(models.Model):
+    """A tenant's credential for scripts and CI, acting with a fixed role in that one tenant.
+
+    The secret is shown once at creation; only a lookup prefix and an HMAC of the whole token
+    are stored. States: active → revoked (revoked_at set) or expired (expires_at passed);
+    neither can be undone. ``last_used_at`` is updated at most once a minute.
+    """
+
+    objects = scoped_manager("tenant")
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    role = models.CharField(
+        max_length=16, choices=Membership.Role.choices, default=Membership.Role.DEPLOYER
+    )
+    prefix = models.CharField(max_length=8, unique=True)
+    digest = models.CharField(max_length=64)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tenant})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def is_active(self) -> bool:
+        return not self.is_revoked and not self.is_expired
+
+    @property
+    def state(self) -> str:
+        if self.is_revoked:
+            return "revoked"
+        return "expired" if self.is_expired else "active"

@@ -1,0 +1,1 @@
+"""Rollouts: the model registry, deployments and how what runs changes."""
