@@ -1,6 +1,24 @@
+"""URLs: the console, the REST API under /api/v1, its schema and docs, and the admin."""
+
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from fleet.api.urls import router as fleet_router
+from rollouts.api.urls import router as rollouts_router
+
+api_v1 = [*fleet_router.urls, *rollouts_router.urls]
 
 urlpatterns = [
+    path("", include("console.urls_console")),
+    path("fleet/", include("fleet.urls")),
+    path("registry/", include("rollouts.urls")),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("api/v1/", include((api_v1, "api"), namespace="api")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
 ]

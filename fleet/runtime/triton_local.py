@@ -168,8 +168,7 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> Triton
     written last records the result; a venv without a valid marker (half made, other Python
     minor) is removed and rebuilt. Concurrent callers are serialised with a file lock.
     """
-    data_dir = Path(data_dir)
-    runtimes = data_dir / "runtimes"
+    runtimes = Path(data_dir).resolve() / "runtimes"
     venv_dir = runtimes / RUNTIME_NAME
     with _file_lock(runtimes / f"{RUNTIME_NAME}.lock"):
         existing = _load_marker(venv_dir)
@@ -190,8 +189,14 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> Triton
         _say(progress, f"installing nvidia-pytriton=={PYTRITON_VERSION} and numpy<2 (~55 MB)")
         _run_logged(
             [
-                str(python), "-m", "pip", "install", "--disable-pip-version-check",
-                "--no-input", f"nvidia-pytriton=={PYTRITON_VERSION}", "numpy<2",
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                f"nvidia-pytriton=={PYTRITON_VERSION}",
+                "numpy<2",
             ],
             log,
             "pip install",
@@ -200,7 +205,9 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> Triton
         _say(progress, "preparing the python backend directory")
         purelib = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         site = Path(purelib)
         server_root = site / "pytriton" / "tritonserver"
@@ -246,9 +253,7 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> Triton
 
 def demo_model_names() -> list[str]:
     """Return the names of the bundled demo models."""
-    return sorted(
-        p.name for p in DEMO_MODELS_DIR.iterdir() if (p / "config.pbtxt").is_file()
-    )
+    return sorted(p.name for p in DEMO_MODELS_DIR.iterdir() if (p / "config.pbtxt").is_file())
 
 
 def write_demo_repository(dest: Path) -> list[str]:
@@ -345,7 +350,7 @@ def _shm_files_mapped_by(pids: Sequence[int]) -> set[str]:
         with contextlib.suppress(OSError):
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 with contextlib.suppress(OSError):
-                    target = os.readlink(fd)
+                    target = str(fd.readlink())
                     if target.startswith(f"{SHM_DIR}/{SHM_PREFIX}"):
                         names.add(Path(target.split(" (deleted)")[0]).name)
     return names
@@ -386,9 +391,7 @@ def _signal_group(pid: int, pgid: int | None, sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def _terminate(
-    pid: int, timeout: float, wait: Callable[[float], bool], *, own_group: bool
-) -> None:
+def _terminate(pid: int, timeout: float, wait: Callable[[float], bool], *, own_group: bool) -> None:
     """SIGTERM the server (its whole group when it leads one), wait, then SIGKILL."""
     pgid = pid if own_group else None
     _signal_group(pid, pgid, signal.SIGTERM)

@@ -1,0 +1,152 @@
+"""Common types of the serving-engine adapters (Triton, vLLM).
+
+Adapters talk HTTP to one inference server and translate its answers into these plain,
+engine-neutral values. They are plain Python: no Django, no settings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, runtime_checkable
+
+import httpx
+
+T = TypeVar("T")
+
+
+class AdapterError(Exception):
+    """A failed call to an inference server.
+
+    ``permanent`` is True when retrying the same call cannot help (bad request, unknown
+    model, rejected config); False for transient failures (timeouts, connection errors, 5xx).
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """One model version as the server reports it (e.g. READY, UNAVAILABLE, LOADING)."""
+
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ServerProbe:
+    """Outcome of one health probe of an inference server.
+
+    ``error`` is empty when every call of the probe succeeded; ``latency_ms`` is the wall
+    time of the whole probe.
+    """
+
+    ready: bool
+    live: bool
+    version: str = ""
+    models: list[ModelState] = field(default_factory=list)
+    error: str = ""
+    latency_ms: float = 0.0
+
+
+@runtime_checkable
+class ServerProbeAdapter(Protocol):
+    """Anything that can probe a server; the modules ``fleet.adapters.triton`` and
+    ``fleet.adapters.vllm`` satisfy it through their module-level ``probe``."""
+
+    def probe(self, http_url: str, timeout: float) -> ServerProbe:
+        """Probe the server at ``http_url``; never raise, answer within ``timeout`` s."""
+        ...
+
+
+class ProbeFailed(Exception):
+    """Internal: a probe step failed at transport level (message is user-readable)."""
+
+
+def describe_http_error(exc: httpx.HTTPError, url: str, timeout: float) -> str:
+    """Turn an httpx transport error into a short, readable sentence naming ``url``."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out after {timeout:.1f} s at {url}"
+    if isinstance(exc, httpx.ConnectError):
+        text = str(exc)
+        if "refused" in text.lower() or "Errno 111" in text:
+            return f"connection refused at {url}"
+        return f"cannot connect to {url}: {text or type(exc).__name__}"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return f"not an HTTP answer from {url}: {exc}"
+    return f"{type(exc).__name__} at {url}: {exc}"
+
+
+class Deadline:
+    """A wall-clock budget shared by the requests of one probe."""
+
+    def __init__(self, seconds: float, *, margin: float = 0.0) -> None:
+        """Budget of ``seconds`` (the figure reported in errors), ending ``margin`` s early."""
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds - margin
+
+    def remaining(self) -> float:
+        """Seconds left (at least a millisecond, so httpx never gets 0 = no timeout)."""
+        return max(self.end - time.monotonic(), 0.001)
+
+    def expired(self) -> bool:
+        """True once the budget is spent."""
+        return time.monotonic() >= self.end
+
+
+def request(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    deadline: Deadline,
+    *,
+    json_body: object | None = None,
+) -> tuple[int, bytes]:
+    """Send one request within ``deadline``; return (status, body) or raise ProbeFailed.
+
+    The body is streamed and the deadline checked between chunks, so a server that trickles
+    bytes cannot hold the probe past its budget.
+    """
+    timeout = httpx.Timeout(deadline.remaining())
+    try:
+        with client.stream(method, url, json=json_body, timeout=timeout) as response:
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if deadline.expired():
+                    raise httpx.ReadTimeout("deadline", request=response.request)
+            return response.status_code, b"".join(chunks)
+    except httpx.HTTPError as exc:
+        raise ProbeFailed(describe_http_error(exc, url, deadline.seconds)) from exc
+
+
+def run_with_deadline(fn: Callable[[], T], timeout: float, on_timeout: Callable[[], T]) -> T:
+    """Run ``fn`` in a daemon thread; return ``on_timeout()`` if it has not finished in time.
+
+    A hard upper bound on the caller's wait whatever the server does; ``fn`` must bound its
+    own requests (it does, through :func:`request`) so the thread ends soon afterwards.
+    """
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="server-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if failure:
+        raise failure[0]
+    if result:
+        return result[0]
+    return on_timeout()

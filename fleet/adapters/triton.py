@@ -1,0 +1,135 @@
+"""Health probe of an NVIDIA Triton Inference Server over its HTTP (KServe v2) API.
+
+``probe()`` never raises and never waits longer than its timeout: an unreachable, slow or
+broken server gives ``ServerProbe(ready=False, ..., error="<readable reason>")``. The module
+itself satisfies :class:`fleet.adapters.base.ServerProbeAdapter`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from fleet.adapters.base import (
+    Deadline,
+    ModelState,
+    ProbeFailed,
+    ServerProbe,
+    request,
+    run_with_deadline,
+)
+
+ENGINE = "triton"
+
+
+def _elapsed_ms(start: float) -> float:
+    return (time.monotonic() - start) * 1000.0
+
+
+def _json(body: bytes, url: str) -> object:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ProbeFailed(f"invalid JSON from {url}") from exc
+
+
+def parse_index(payload: object) -> list[ModelState]:
+    """Turn a ``POST /v2/repository/index`` answer into ModelStates.
+
+    Models present in the repository but never loaded have no version and no state: they
+    come back with ``version=""`` and ``state=""``.
+    """
+    if not isinstance(payload, list):
+        raise ProbeFailed("repository index is not a JSON list")
+    models = []
+    for entry in payload:
+        if not isinstance(entry, dict):
+            continue
+        models.append(
+            ModelState(
+                name=str(entry.get("name", "")),
+                version=str(entry.get("version", "")),
+                state=str(entry.get("state", "")),
+                reason=str(entry.get("reason", "")),
+            )
+        )
+    return models
+
+
+def _probe(
+    base: str, timeout: float, headers: Mapping[str, str] | None, start: float
+) -> ServerProbe:
+    deadline = Deadline(timeout, margin=min(0.1, timeout * 0.1))
+    live = ready = False
+    version = ""
+    models: list[ModelState] = []
+    problems: list[str] = []
+    with httpx.Client(headers=dict(headers or {})) as client:
+        try:
+            status, _ = request(client, "GET", f"{base}/v2/health/live", deadline)
+            live = status == 200
+            if not live:
+                problems.append(f"not live (GET /v2/health/live returned {status})")
+            status, _ = request(client, "GET", f"{base}/v2/health/ready", deadline)
+            ready = status == 200
+            if not ready:
+                problems.append(f"not ready (GET /v2/health/ready returned {status})")
+
+            url = f"{base}/v2"
+            status, body = request(client, "GET", url, deadline)
+            if status == 200:
+                meta = _json(body, url)
+                version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
+            else:
+                problems.append(f"GET /v2 returned {status}")
+
+            url = f"{base}/v2/repository/index"
+            status, body = request(client, "POST", url, deadline, json_body={})
+            if status == 200:
+                models = parse_index(_json(body, url))
+            else:
+                problems.append(f"POST /v2/repository/index returned {status}")
+        except ProbeFailed as exc:
+            return ServerProbe(
+                ready=False,
+                live=live,
+                version=version,
+                models=models,
+                error=str(exc),
+                latency_ms=_elapsed_ms(start),
+            )
+    return ServerProbe(
+        ready=ready,
+        live=live,
+        version=version,
+        models=models,
+        error="; ".join(problems),
+        latency_ms=_elapsed_ms(start),
+    )
+
+
+def probe(
+    http_url: str, timeout: float = 2.0, *, headers: Mapping[str, str] | None = None
+) -> ServerProbe:
+    """Probe the Triton server at ``http_url`` (e.g. "http://127.0.0.1:8000").
+
+    Calls ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2`` (version) and
+    ``POST /v2/repository/index`` (every model version with state and reason) within a
+    total of ``timeout`` seconds. Transport failures give ``ready=False`` with a readable
+    ``error``; HTTP error statuses are reported in ``error`` next to what was learned.
+    """
+    base = http_url.rstrip("/")
+    start = time.monotonic()
+
+    def on_timeout() -> ServerProbe:
+        return ServerProbe(
+            ready=False,
+            live=False,
+            error=f"timed out after {timeout:.1f} s at {base}",
+            latency_ms=_elapsed_ms(start),
+        )
+
+    return run_with_deadline(lambda: _probe(base, timeout, headers, start), timeout, on_timeout)

@@ -1,0 +1,60 @@
+"""Shared pieces for every API viewset: tenant scoping applied once, and fleet permissions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import permissions, viewsets
+from rest_framework.request import Request
+
+from fleet.models import Tenant
+from fleet.tenancy import is_platform_admin, tenant_roles
+
+
+class TenantScopedViewSetMixin:
+    """Every queryset goes through ``visible_to(request.user)``: another tenant's row is a 404."""
+
+    request: Request
+    queryset: QuerySet
+
+    def get_queryset(self) -> QuerySet:
+        return self.queryset.visible_to(self.request.user)
+
+
+class PlatformAdminWritePermission(permissions.BasePermission):
+    """Reading needs any tenant membership; writing needs a platform admin."""
+
+    message = "only platform admins may change the fleet and quotas"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not request.user or not request.user.is_authenticated:
+            return False
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        return is_platform_admin(request.user)
+
+
+class FleetViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
+    permission_classes = (PlatformAdminWritePermission,)
+
+
+def default_tenant(user: Any) -> Tenant | None:
+    """The only tenant a caller belongs to (always so for tokens), else None."""
+    roles = tenant_roles(user)
+    if roles is not None and len(roles) == 1:
+        return Tenant.objects.get(pk=next(iter(roles)))
+    return None
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "fleet.api.auth.APITokenAuthentication"
+    name = "tenantToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A tenant API token, `sy_<prefix>_<secret>`, made by a tenant admin.",
+        }

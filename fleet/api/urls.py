@@ -1,0 +1,15 @@
+from rest_framework.routers import DefaultRouter
+
+from fleet.api import views
+
+router = DefaultRouter()
+router.register("tenants", views.TenantViewSet, basename="tenant")
+router.register("tokens", views.APITokenViewSet, basename="token")
+router.register("quotas", views.QuotaViewSet, basename="quota")
+router.register("clusters", views.ClusterViewSet, basename="cluster")
+router.register("nodes", views.NodeViewSet, basename="node")
+router.register("gpus", views.GPUViewSet, basename="gpu")
+router.register("servers", views.InferenceServerViewSet, basename="server")
+router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
+
+urlpatterns = router.urls

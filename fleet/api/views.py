@@ -1,0 +1,154 @@
+"""Fleet API: tenants, tokens, quotas, inventory, audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import BaseSerializer
+
+from fleet import audit, health, tokens
+from fleet.api import serializers as s
+from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, default_tenant
+from fleet.api.filters import AuditEventFilter, InferenceServerFilter
+from fleet.errors import DomainError
+from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
+from fleet.quota import usage_for
+
+
+class TenantViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
+    """Tenants you belong to, with your role in each."""
+
+    queryset = Tenant.objects.all()
+    serializer_class = s.TenantSerializer
+    filterset_fields = ["slug"]
+
+
+class APITokenViewSet(
+    TenantScopedViewSetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Tenant API tokens. Creating one needs the tenant admin role and shows the secret once;
+    DELETE revokes (the row stays, for the audit trail)."""
+
+    queryset = APIToken.objects.select_related("tenant", "created_by")
+    serializer_class = s.APITokenSerializer
+    filterset_fields = ["tenant__slug", "role"]
+
+    @extend_schema(responses={201: s.IssuedTokenSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        tenant = data.get("tenant") or default_tenant(request.user)
+        if tenant is None:
+            raise DomainError("name the tenant (you belong to several)", field="tenant")
+        issued = tokens.issue(
+            request.user, tenant, data["name"], data.get("role", "deployer"), data.get("expires_at")
+        )
+        body = s.IssuedTokenSerializer(issued.token, context=self.get_serializer_context()).data
+        body["token"] = issued.secret
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        tokens.revoke(request.user, self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditedFleetViewSet(FleetViewSet):
+    """Fleet writes (platform admins only) are recorded in the audit log."""
+
+    audit_tenant_field: str | None = None
+
+    def _tenant(self, obj: Any) -> Tenant | None:
+        return getattr(obj, self.audit_tenant_field) if self.audit_tenant_field else None
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        obj = serializer.save()
+        audit.record(self.request.user, "created", obj, tenant=self._tenant(obj),
+                     after=dict(serializer.data))
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        fields = list(serializer.validated_data)
+        before = audit.snapshot(serializer.instance, fields)
+        obj = serializer.save()
+        audit.record(self.request.user, "updated", obj, tenant=self._tenant(obj),
+                     before=before, after=audit.snapshot(obj, fields))
+
+    def perform_destroy(self, instance: Any) -> None:
+        audit.record(self.request.user, "deleted", instance, tenant=self._tenant(instance))
+        instance.delete()
+
+
+class QuotaViewSet(AuditedFleetViewSet):
+    """Quota per tenant per device class, with live usage from active placements."""
+
+    queryset = Quota.objects.select_related("tenant")
+    serializer_class = s.QuotaSerializer
+    filterset_fields = ["tenant__slug", "device_class"]
+    audit_tenant_field = "tenant"
+
+    def _with_usage(self, quotas: list[Quota]) -> list[Quota]:
+        for usage in usage_for(quotas):
+            usage.quota.units_used = usage.units_used
+            usage.quota.memory_used_mib = usage.memory_used_mib
+        return quotas
+
+    def paginate_queryset(self, queryset: QuerySet) -> list[Quota] | None:
+        page = super().paginate_queryset(queryset)
+        return self._with_usage(list(page)) if page is not None else None
+
+    def get_object(self) -> Quota:
+        return self._with_usage([super().get_object()])[0]
+
+
+class ClusterViewSet(AuditedFleetViewSet):
+    queryset = Cluster.objects.all()
+    serializer_class = s.ClusterSerializer
+    filterset_fields = ["kind", "name"]
+
+
+class NodeViewSet(AuditedFleetViewSet):
+    queryset = Node.objects.select_related("cluster")
+    serializer_class = s.NodeSerializer
+    filterset_fields = ["cluster"]
+
+
+class GPUViewSet(AuditedFleetViewSet):
+    queryset = GPU.objects.select_related("node")
+    serializer_class = s.GPUSerializer
+    filterset_fields = ["node", "device_class"]
+
+
+class InferenceServerViewSet(AuditedFleetViewSet):
+    """Inference servers and their observed health. POST .../check/ probes one right now."""
+
+    queryset = InferenceServer.objects.select_related("cluster", "node")
+    serializer_class = s.InferenceServerSerializer
+    filterset_class = InferenceServerFilter
+
+    @extend_schema(request=None, responses=s.InferenceServerSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
+    def check(self, request: Request, pk: str | None = None) -> Response:
+        server = self.get_object()
+        health.check_server(server.pk)
+        server.refresh_from_db()
+        return Response(self.get_serializer(server).data)
+
+
+class AuditEventViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
+    """The audit log of your tenants (platform admins see platform-level events too)."""
+
+    queryset = AuditEvent.objects.select_related("tenant")
+    serializer_class = s.AuditEventSerializer
+    filterset_class = AuditEventFilter

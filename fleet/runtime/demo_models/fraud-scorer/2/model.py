@@ -1,0 +1,46 @@
+"""fraud-scorer version 2: the candidate scorer, deliberately slower than version 1.
+
+Weights the strongest feature as well: ``SCORE = sigmoid(mean(INPUT0) + 0.5 * max(INPUT0))``.
+Its delay comes from ``sleep_ms_v2`` in config.pbtxt (12 ms against 4 ms for version 1), and
+``error_rate`` / ``error_rate_v2`` make it fail a fraction of requests, as in version 1.
+"""
+
+import json
+import random
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _param(config: dict, key: str, version: str, default: float) -> float:
+    """Read ``<key>_v<version>`` or ``<key>`` from the config's string parameters."""
+    params = config.get("parameters", {})
+    for name in (f"{key}_v{version}", key):
+        if name in params:
+            return float(params[name]["string_value"])
+    return default
+
+
+class TritonPythonModel:
+    """Mean-plus-max fraud score with a configurable (longer) delay."""
+
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        version = args["model_version"]
+        self.delay_s = _param(config, "sleep_ms", version, 12.0) / 1000.0
+        self.error_rate = _param(config, "error_rate", version, 0.0)
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            time.sleep(self.delay_s)
+            if self.error_rate and random.random() < self.error_rate:
+                error = pb_utils.TritonError("simulated failure (error_rate)")
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            features = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            raw = float(features.mean() + 0.5 * features.max()) if features.size else 0.0
+            score = np.array([1.0 / (1.0 + np.exp(-raw))], dtype=np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SCORE", score)]))
+        return responses

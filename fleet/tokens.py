@@ -1,0 +1,96 @@
+"""API tokens: issue, authenticate, revoke.
+
+A token reads ``sy_<prefix>_<secret>``. The prefix (8 characters) finds the row; the stored
+digest is an HMAC-SHA256 of the whole token keyed with SECRET_KEY, compared in constant time.
+Rotating SECRET_KEY therefore invalidates every token, on purpose.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet import audit
+from fleet.errors import Conflict
+from fleet.models import APIToken, Membership, Tenant
+from fleet.tenancy import require_role
+
+TOKEN_PREFIX = "sy_"
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: APIToken
+    secret: str  # the full token, shown once
+
+
+def _digest(raw: str) -> str:
+    return hmac.new(settings.SECRET_KEY.encode(), raw.encode(), hashlib.sha256).hexdigest()
+
+
+def issue(
+    actor: Any,
+    tenant: Tenant,
+    name: str,
+    role: str = Membership.Role.DEPLOYER,
+    expires_at: datetime | None = None,
+) -> IssuedToken:
+    """Create a token for ``tenant``. Needs the admin role in that tenant."""
+    require_role(actor, tenant, Membership.Role.ADMIN)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise Conflict("expiry must be in the future", field="expires_at")
+    if APIToken.objects.filter(tenant=tenant, name=name, revoked_at__isnull=True).exists():
+        raise Conflict(f"an active token named {name!r} already exists", field="name")
+    prefix = secrets.token_hex(4)
+    while APIToken.objects.filter(prefix=prefix).exists():  # pragma: no cover - 1 in 4 billion
+        prefix = secrets.token_hex(4)
+    raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    token = APIToken.objects.create(
+        tenant=tenant,
+        name=name,
+        role=role,
+        prefix=prefix,
+        digest=_digest(raw),
+        created_by=actor if getattr(actor, "pk", None) else None,
+        expires_at=expires_at,
+    )
+    audit.record(actor, "created", token, tenant=tenant, after={"name": name, "role": role})
+    return IssuedToken(token=token, secret=raw)
+
+
+def authenticate(raw: str) -> tuple[APIToken | None, str]:
+    """Return (token, "") for a valid token, else (None, why) without saying which part failed
+    beyond what the holder of the token may know (expired or revoked)."""
+    parts = raw.split("_")
+    if len(parts) != 3 or not raw.startswith(TOKEN_PREFIX) or len(parts[1]) != 8:
+        return None, "malformed token"
+    token = APIToken.objects.select_related("tenant").filter(prefix=parts[1]).first()
+    if token is None or not hmac.compare_digest(token.digest, _digest(raw)):
+        return None, "invalid token"
+    if token.is_revoked:
+        return None, "token revoked"
+    if token.is_expired:
+        return None, "token expired"
+    now = timezone.now()
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+        APIToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token, ""
+
+
+def revoke(actor: Any, token: APIToken, reason: str = "") -> APIToken:
+    """Revoke a token (idempotent: revoking a revoked token changes nothing)."""
+    require_role(actor, token.tenant, Membership.Role.ADMIN)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit.record(actor, "revoked", token, tenant=token.tenant, reason=reason)
+    return token

@@ -1,0 +1,162 @@
+"""Serializers for the registry and deployments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from fleet.api.serializers import TenantField, ValidatedModelSerializer
+from fleet.models import Cluster, InferenceServer
+from rollouts.models import Alias, Deployment, Model, ModelVersion
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    tenant = TenantField(required=False, help_text="Tenant slug; optional for API tokens")
+    latest_version = serializers.IntegerField(read_only=True, allow_null=True)
+    aliases = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Model
+        fields = ["id", "tenant", "name", "description", "latest_version", "aliases", "created_at"]
+        read_only_fields = ["created_at"]
+        # Uniqueness is handled by the idempotent create, not as a validation error.
+        validators: list[Any] = []
+
+    def get_aliases(self, model: Model) -> dict[str, int]:
+        return {a.name: a.version.version for a in model.aliases.all()}
+
+
+class ModelVersionSerializer(ValidatedModelSerializer):
+    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    tenant = serializers.CharField(source="model.tenant.slug", read_only=True)
+    request_approval = serializers.BooleanField(
+        write_only=True, default=False, help_text="Ask for approval right away"
+    )
+    registered_by = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "id", "model", "model_name", "tenant", "version", "artifact_uri", "sha256",
+            "size_bytes", "runtime", "backend", "triton_config", "gpus",
+            "estimated_gpu_memory_mib", "labels", "git_sha", "training_run", "status",
+            "status_reason", "status_changed_at", "registered_by", "created_at",
+            "request_approval",
+        ]
+        read_only_fields = ["status", "status_reason", "status_changed_at", "created_at"]
+        validators: list[Any] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["model"].queryset = Model.objects.visible_to(request.user)
+
+    def get_registered_by(self, version: ModelVersion) -> str | None:
+        if version.registered_by_token_id:
+            return f"token:{version.registered_by_token.name}"
+        return version.registered_by.get_username() if version.registered_by else None
+
+    def validate_labels(self, value: Any) -> Any:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise serializers.ValidationError("must be an object of string keys and string values")
+        return value
+
+    def validate_triton_config(self, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object (Triton model config)")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        request_approval = attrs.pop("request_approval", False)
+        model = attrs.pop("model")
+        attrs = super().validate(attrs)
+        attrs["model"] = model
+        attrs["request_approval"] = request_approval
+        return attrs
+
+
+class DecisionSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class AliasSerializer(serializers.ModelSerializer):
+    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    version = serializers.IntegerField(source="version.version", help_text="Version number")
+    reason = serializers.CharField(write_only=True, required=False, default="", allow_blank=True)
+
+    class Meta:
+        model = Alias
+        fields = ["id", "model", "name", "version", "updated_at", "reason"]
+        read_only_fields = ["updated_at"]
+        validators: list[Any] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["model"].queryset = Model.objects.visible_to(request.user)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        model = attrs.get("model") or self.instance.model
+        number = attrs.pop("version")["version"]
+        version = ModelVersion.objects.filter(model=model, version=number).first()
+        if version is None:
+            raise serializers.ValidationError(
+                {"version": f"{model.name} has no version {number}"}
+            )
+        attrs["model_version"] = version
+        return attrs
+
+
+class DeploymentSerializer(ValidatedModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    servers = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="Names of the cluster's inference servers that carry this deployment",
+    )
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
+            "slo_error_rate", "description", "created_at", "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+        validators: list[Any] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["model"].queryset = Model.objects.visible_to(request.user)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        servers = attrs.pop("servers", None)
+        model = attrs.get("model") or getattr(self.instance, "model", None)
+        if model is not None:
+            attrs["tenant"] = model.tenant
+        if self.instance is not None and "model" in attrs and attrs["model"] != self.instance.model:
+            raise serializers.ValidationError({"model": "a deployment's model cannot change"})
+        attrs = super().validate(attrs)
+        if servers is not None:
+            cluster = attrs.get("cluster") or self.instance.cluster
+            found = {s.name: s for s in InferenceServer.objects.filter(cluster=cluster, name__in=servers)}
+            missing = sorted(set(servers) - set(found))
+            if missing:
+                raise serializers.ValidationError(
+                    {"servers": f"cluster {cluster} has no server named {', '.join(missing)}"}
+                )
+            attrs["servers"] = list(found.values())
+        return attrs
+
+    def to_representation(self, instance: Deployment) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["servers"] = sorted(s.name for s in instance.servers.all())
+        return data

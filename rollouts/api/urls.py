@@ -1,0 +1,11 @@
+from rest_framework.routers import DefaultRouter
+
+from rollouts.api import views
+
+router = DefaultRouter()
+router.register("models", views.ModelViewSet, basename="model")
+router.register("versions", views.ModelVersionViewSet, basename="version")
+router.register("aliases", views.AliasViewSet, basename="alias")
+router.register("deployments", views.DeploymentViewSet, basename="deployment")
+
+urlpatterns = router.urls

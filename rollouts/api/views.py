@@ -1,0 +1,192 @@
+"""Registry and deployment API. Every write goes through a domain function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Max, Prefetch
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from fleet import audit
+from fleet.api.base import TenantScopedViewSetMixin, default_tenant
+from fleet.errors import DomainError
+from fleet.models import Membership
+from fleet.tenancy import require_role
+from rollouts import approvals, deployments, registry
+from rollouts.api import serializers as s
+from rollouts.models import Alias, Deployment, Model, ModelVersion
+
+
+class ModelViewSet(
+    TenantScopedViewSetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Models in the registry. Creating is idempotent: the same name answers 200 with the
+    existing model."""
+
+    queryset = Model.objects.select_related("tenant").prefetch_related(
+        Prefetch("aliases", queryset=Alias.objects.select_related("version"))
+    ).annotate(latest_version=Max("versions__version"))
+    serializer_class = s.ModelSerializer
+    filterset_fields = {"tenant__slug": ["exact"], "name": ["exact", "icontains"]}
+
+    @extend_schema(responses={201: s.ModelSerializer, 200: s.ModelSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        tenant = data.get("tenant") or default_tenant(request.user)
+        if tenant is None:
+            raise DomainError("name the tenant (you belong to several)", field="tenant")
+        model, created = registry.create_model(
+            request.user, tenant, data["name"], data.get("description", "")
+        )
+        body = self.get_serializer(self.get_queryset().get(pk=model.pk)).data
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    def perform_update(self, serializer: s.ModelSerializer) -> None:
+        model = serializer.instance
+        require_role(self.request.user, model.tenant, Membership.Role.DEPLOYER)
+        if "name" in serializer.validated_data and serializer.validated_data["name"] != model.name:
+            raise DomainError("a model cannot be renamed", field="name")
+        before = {"description": model.description}
+        serializer.save(tenant=model.tenant)
+        audit.record(self.request.user, "updated", model, tenant=model.tenant, before=before,
+                     after={"description": model.description})
+
+
+class ModelVersionViewSet(
+    TenantScopedViewSetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Immutable model versions. Registering the same (model, version, sha256) again answers
+    200 with the existing row; the same version with another sha256 is a 409."""
+
+    queryset = ModelVersion.objects.select_related(
+        "model__tenant", "registered_by", "registered_by_token"
+    )
+    serializer_class = s.ModelVersionSerializer
+    filterset_fields = {
+        "model": ["exact"],
+        "model__name": ["exact"],
+        "model__tenant__slug": ["exact"],
+        "status": ["exact"],
+        "runtime": ["exact"],
+        "version": ["exact", "gte", "lte"],
+    }
+    ordering_fields = ["version", "created_at"]
+
+    @extend_schema(responses={201: s.ModelVersionSerializer, 200: s.ModelVersionSerializer,
+                              409: OpenApiResponse(description="same version, other sha256")})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        model = data.pop("model")
+        ask = data.pop("request_approval", False)
+        version, created = registry.register_version(request.user, model, data, request_approval=ask)
+        body = self.get_serializer(version).data
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    def _decide(self, request: Request, fn: Any) -> Response:
+        decision = s.DecisionSerializer(data=request.data)
+        decision.is_valid(raise_exception=True)
+        version = fn(request.user, self.get_object(), decision.validated_data["reason"])
+        return Response(self.get_serializer(self.get_queryset().get(pk=version.pk)).data)
+
+    @extend_schema(request=s.DecisionSerializer, responses=s.ModelVersionSerializer)
+    @action(detail=True, methods=["post"], url_path="request-approval")
+    def request_approval(self, request: Request, pk: str | None = None) -> Response:
+        """Move a registered version to pending_approval (deployer role)."""
+        return self._decide(request, approvals.request_approval)
+
+    @extend_schema(request=s.DecisionSerializer, responses=s.ModelVersionSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        """Approve (approver role, a person, not the one who asked: four-eyes)."""
+        return self._decide(request, approvals.approve)
+
+    @extend_schema(request=s.DecisionSerializer, responses=s.ModelVersionSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        """Reject with a reason (approver role, a person)."""
+        return self._decide(request, approvals.reject)
+
+    @extend_schema(request=s.DecisionSerializer, responses=s.ModelVersionSerializer)
+    @action(detail=True, methods=["post"])
+    def archive(self, request: Request, pk: str | None = None) -> Response:
+        """Archive an approved, rejected or never-requested version (approver role)."""
+        return self._decide(request, approvals.archive)
+
+
+class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
+    """Aliases such as production or staging. POST sets (creates or moves) an alias."""
+
+    queryset = Alias.objects.select_related("model__tenant", "version")
+    serializer_class = s.AliasSerializer
+    filterset_fields = ["model", "name"]
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        alias = registry.set_alias(
+            request.user, data["model"], data["name"], data["model_version"], data["reason"]
+        )
+        return Response(self.get_serializer(alias).data, status=status.HTTP_200_OK)
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        alias = self.get_object()
+        serializer = self.get_serializer(alias, data=request.data, partial=kwargs.get("partial"))
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        name = data.get("name", alias.name)
+        if name != alias.name:
+            raise DomainError("an alias cannot be renamed; create the new name", field="name")
+        alias = registry.set_alias(
+            request.user, alias.model, name, data["model_version"], data.get("reason", "")
+        )
+        return Response(self.get_serializer(alias).data)
+
+    def perform_destroy(self, instance: Alias) -> None:
+        registry.delete_alias(self.request.user, instance)
+
+
+class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
+    """Deployments: a model on a cluster, with its SLO."""
+
+    queryset = Deployment.objects.select_related("tenant", "model", "cluster").prefetch_related(
+        "servers"
+    )
+    serializer_class = s.DeploymentSerializer
+    filterset_fields = {"tenant__slug": ["exact"], "model": ["exact"], "production": ["exact"]}
+
+    def perform_create(self, serializer: s.DeploymentSerializer) -> None:
+        data = dict(serializer.validated_data)
+        servers = data.pop("servers", None)
+        deployment = Deployment(**data)
+        if servers is None:
+            servers = list(deployment.cluster.servers.all())
+        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers)
+
+    def perform_update(self, serializer: s.DeploymentSerializer) -> None:
+        data = dict(serializer.validated_data)
+        servers = data.pop("servers", None)
+        deployment = serializer.instance
+        for key, value in data.items():
+            setattr(deployment, key, value)
+        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers)
+
+    def perform_destroy(self, instance: Deployment) -> None:
+        deployments.delete_deployment(self.request.user, instance)

@@ -1,0 +1,128 @@
+"""Registering models and versions, and moving aliases. Views and the API call these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from fleet import audit
+from fleet.errors import Conflict
+from fleet.models import Membership, Tenant
+from fleet.tenancy import require_role, token_of
+from rollouts.models import Alias, Model, ModelVersion
+
+VERSION_FIELDS = [
+    "version",
+    "artifact_uri",
+    "sha256",
+    "size_bytes",
+    "runtime",
+    "backend",
+    "triton_config",
+    "gpus",
+    "estimated_gpu_memory_mib",
+    "labels",
+    "git_sha",
+    "training_run",
+]
+
+
+def create_model(actor: Any, tenant: Tenant, name: str, description: str = "") -> tuple[Model, bool]:
+    """Create a model, or return the existing one of that name (idempotent)."""
+    require_role(actor, tenant, Membership.Role.DEPLOYER)
+    existing = Model.objects.filter(tenant=tenant, name=name).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            model = Model(tenant=tenant, name=name, description=description)
+            model.full_clean()
+            model.save()
+    except IntegrityError:  # another request created it first
+        return Model.objects.get(tenant=tenant, name=name), False
+    audit.record(actor, "created", model, tenant=tenant, after={"name": name})
+    return model, True
+
+
+def register_version(
+    actor: Any, model: Model, data: dict[str, Any], *, request_approval: bool = False
+) -> tuple[ModelVersion, bool]:
+    """Register a version, idempotently.
+
+    The same (model, version, sha256) returns the existing row; the same version with another
+    digest is a Conflict naming both digests: versions are immutable.
+    """
+    require_role(actor, model.tenant, Membership.Role.DEPLOYER)
+    existing = ModelVersion.objects.filter(model=model, version=data["version"]).first()
+    if existing is None:
+        version = ModelVersion(model=model, **{k: v for k, v in data.items() if k in VERSION_FIELDS})
+        token = token_of(actor)
+        if token is not None:
+            version.registered_by_token = token
+        else:
+            version.registered_by = actor
+        version.full_clean()
+        try:
+            with transaction.atomic():
+                version.save()
+        except IntegrityError:  # a concurrent request registered this version first
+            existing = ModelVersion.objects.get(model=model, version=data["version"])
+        else:
+            audit.record(
+                actor,
+                "registered",
+                version,
+                tenant=model.tenant,
+                after=audit.snapshot(version, VERSION_FIELDS),
+            )
+            if request_approval:
+                from rollouts.approvals import request_approval as ask
+
+                version = ask(actor, version, reason="requested at registration")
+            return version, True
+    if existing.sha256 != data["sha256"]:
+        raise Conflict(
+            f"version {existing.version} of {model.name} is already registered with sha256 "
+            f"{existing.sha256}; this request has sha256 {data['sha256']}. Versions are "
+            "immutable: register the new build as a new version",
+            field="sha256",
+        )
+    return existing, False
+
+
+def set_alias(actor: Any, model: Model, name: str, version: ModelVersion, reason: str = "") -> Alias:
+    """Point ``name`` at ``version`` (create or move). Setting it to where it is changes nothing."""
+    require_role(actor, model.tenant, Membership.Role.DEPLOYER)
+    with transaction.atomic():
+        alias = Alias.objects.select_for_update().filter(model=model, name=name).first()
+        before = {"version": alias.version.version} if alias else {}
+        if alias is not None and alias.version_id == version.pk:
+            return alias
+        alias = alias or Alias(model=model, name=name)
+        alias.version = version
+        alias.full_clean()
+        alias.save()
+        audit.record(
+            actor,
+            "moved" if before else "created",
+            alias,
+            tenant=model.tenant,
+            before=before,
+            after={"version": version.version},
+            reason=reason,
+        )
+    return alias
+
+
+def delete_alias(actor: Any, alias: Alias, reason: str = "") -> None:
+    require_role(actor, alias.model.tenant, Membership.Role.DEPLOYER)
+    audit.record(
+        actor,
+        "deleted",
+        alias,
+        tenant=alias.model.tenant,
+        before={"version": alias.version.version},
+        reason=reason,
+    )
+    alias.delete()

@@ -1,0 +1,99 @@
+"""Personas and API clients shared by every test.
+
+alice: tenant A admin; bob: tenant A viewer; dave: tenant A deployer; erin: tenant A approver;
+charlie: tenant B admin; root: platform admin.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from fleet import tokens
+from fleet.models import Membership
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
+
+pytest_plugins = ["tests.fixtures.triton"]
+
+Role = Membership.Role
+
+
+@pytest.fixture
+def tenant_a(db):
+    return TenantFactory(slug="tenant-a", name="Tenant A")
+
+
+@pytest.fixture
+def tenant_b(db):
+    return TenantFactory(slug="tenant-b", name="Tenant B")
+
+
+def _member(username: str, tenant, role: str):
+    user = UserFactory(username=username)
+    MembershipFactory(user=user, tenant=tenant, role=role)
+    return user
+
+
+@pytest.fixture
+def alice(tenant_a):
+    return _member("alice", tenant_a, Role.ADMIN)
+
+
+@pytest.fixture
+def bob(tenant_a):
+    return _member("bob", tenant_a, Role.VIEWER)
+
+
+@pytest.fixture
+def dave(tenant_a):
+    return _member("dave", tenant_a, Role.DEPLOYER)
+
+
+@pytest.fixture
+def erin(tenant_a):
+    return _member("erin", tenant_a, Role.APPROVER)
+
+
+@pytest.fixture
+def charlie(tenant_b):
+    return _member("charlie", tenant_b, Role.ADMIN)
+
+
+@pytest.fixture
+def root(db):
+    return UserFactory(username="root", is_superuser=True, is_staff=True)
+
+
+@pytest.fixture
+def api():
+    """An anonymous API client; call ``api.force_login(user)`` or use ``client_for``."""
+    return APIClient()
+
+
+@pytest.fixture
+def client_for():
+    def make(user) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def token_client(alice):
+    """Build an API client that authenticates with a fresh tenant token."""
+
+    def make(tenant, role: str = Role.DEPLOYER, **kwargs) -> APIClient:
+        issued = tokens.issue(alice if tenant.slug == "tenant-a" else _admin_of(tenant), tenant,
+                              f"ci-{role}-{tenant.slug}-{kwargs.pop('suffix', '')}", role, **kwargs)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.secret}")
+        client.issued = issued
+        return client
+
+    return make
+
+
+def _admin_of(tenant):
+    return _member(f"admin-of-{tenant.slug}", tenant, Role.ADMIN)
