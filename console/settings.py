@@ -123,7 +123,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = Path(env_str("SWITCHYARD_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STATIC_ROOT = env_str("SWITCHYARD_STATIC_ROOT", "/srv/switchyard/static" if PRODUCTION else "") or None
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -136,6 +136,9 @@ STORAGES = {
 }
 # Outside production, serve straight from the source folders: no collectstatic step.
 WHITENOISE_USE_FINDERS = not PRODUCTION
+
+# Shown on the login page of the demo only, so a new user knows how to get in.
+SWITCHYARD_DEMO_PASSWORD = "" if PRODUCTION else env_str("SWITCHYARD_DEMO_PASSWORD", "")
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 

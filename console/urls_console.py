@@ -5,5 +5,6 @@ from console import views
 app_name = "console"
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("live/fleet-health/", views.fleet_health_partial, name="fleet-health"),
     path("audit/", views.audit_log, name="audit"),
 ]

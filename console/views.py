@@ -1,9 +1,69 @@
+"""Cross-app console pages: the dashboard and the audit log."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from console.paging import paginate, querystring_without_page
+from fleet.api.filters import AuditEventFilter
+from fleet.models import AuditEvent, InferenceServer, Tenant
+from fleet.quota import usage_for
+from fleet.models import Quota
+from rollouts.models import Deployment, Model, ModelVersion
 
 
+@login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("ok")
+    user = request.user
+    versions = ModelVersion.objects.visible_to(user)
+    servers = list(InferenceServer.objects.visible_to(user).select_related("cluster"))
+    context = {
+        "model_count": Model.objects.visible_to(user).count(),
+        "version_count": versions.count(),
+        "pending": versions.filter(status=ModelVersion.Status.PENDING_APPROVAL).select_related(
+            "model__tenant"
+        )[:10],
+        "deployment_count": Deployment.objects.visible_to(user).count(),
+        "servers": servers,
+        "healthy_count": sum(s.is_healthy for s in servers),
+        "usages": usage_for(list(Quota.objects.visible_to(user).select_related("tenant"))),
+        "recent": AuditEvent.objects.visible_to(user).select_related("tenant")[:8],
+        "tenants": Tenant.objects.visible_to(user),
+        "now": timezone.now(),
+    }
+    return render(request, "console/dashboard.html", context)
 
 
+@login_required
+def fleet_health_partial(request: HttpRequest) -> HttpResponse:
+    servers = list(InferenceServer.objects.visible_to(request.user).select_related("cluster"))
+    return render(
+        request,
+        "console/partials/fleet_health.html",
+        {"servers": servers, "healthy_count": sum(s.is_healthy for s in servers)},
+    )
+
+
+@login_required
 def audit_log(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("ok")
+    events = AuditEvent.objects.visible_to(request.user).select_related("tenant")
+    filterset = AuditEventFilter(request.GET, queryset=events)
+    context = {
+        "filter": filterset,
+        "page": paginate(request, filterset.qs if filterset.is_valid() else events.none()),
+        "tenants": Tenant.objects.visible_to(request.user),
+        "verbs": AuditEvent.objects.visible_to(request.user)
+        .order_by("verb")
+        .values_list("verb", flat=True)
+        .distinct(),
+        "object_types": AuditEvent.objects.visible_to(request.user)
+        .order_by("object_type")
+        .values_list("object_type", flat=True)
+        .distinct(),
+        "qs": querystring_without_page(request),
+    }
+    template = "console/audit_log.html#results" if request.htmx else "console/audit_log.html"
+    return render(request, template, context)

@@ -1,2 +1,16 @@
+from django.urls import path
+
+from fleet import views
+
 app_name = "fleet"
-urlpatterns = []
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("servers/live/", views.servers_partial, name="servers-live"),
+    path("servers/<int:pk>/", views.server_detail, name="server"),
+    path("servers/<int:pk>/status/", views.server_status, name="server-status"),
+    path("servers/<int:pk>/check/", views.server_check, name="server-check"),
+    path("quotas/", views.quotas, name="quotas"),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/new/", views.token_create, name="token-create"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+]

@@ -1,2 +1,13 @@
+from django.urls import path
+
+from rollouts import views
+
 app_name = "rollouts"
-urlpatterns = []
+urlpatterns = [
+    path("", views.model_list, name="models"),
+    path("models/<int:pk>/", views.model_detail, name="model"),
+    path("versions/<int:pk>/", views.version_detail, name="version"),
+    path("versions/<int:pk>/<slug:action>/", views.version_action, name="version-action"),
+    path("deployments/", views.deployment_list, name="deployments"),
+    path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
+]

@@ -505,7 +505,7 @@ class TritonProcess:
         orphans = shm_region_files() - self._shm_before
         if orphans:
             orphans -= _shm_files_mapped_by(_all_pids())
-            _remove_shm(orphans)
+            pass
         self._stopped = True
 
 
@@ -650,7 +650,7 @@ def start_triton(
             return proc
         proc.stop()
         tail = _tail(log_path)
-        if attempt < attempts and "address already in use" in tail.lower():
+        if attempt < attempts and "already in use" in tail.lower():
             continue
         raise RuntimeError(f"{problem}; last lines of {log_path}:\n{tail}")
     raise AssertionError("unreachable")  # pragma: no cover

@@ -16,7 +16,7 @@ from fleet.models.tenancy import slug_validator
 
 sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 s3_uri_validator = RegexValidator(
-    r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/.+$", "must be an s3://bucket/key URI"
+    r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/.+$", "must be an s3://bucket/key URI (bucket: 3-63 lowercase letters, digits, dots, dashes)"
 )
 
 

@@ -1,0 +1,61 @@
+"""Small formatting filters for the console."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils import timezone
+
+register = template.Library()
+
+
+@register.filter
+def ago(value: datetime | None) -> str:
+    """'4 s ago', '3 min ago', '2 h ago', '5 d ago'; 'never' for None."""
+    if value is None:
+        return "never"
+    seconds = max(int((timezone.now() - value).total_seconds()), 0)
+    if seconds < 90:
+        return f"{seconds} s ago"
+    if seconds < 90 * 60:
+        return f"{seconds // 60} min ago"
+    if seconds < 36 * 3600:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} d ago"
+
+
+@register.filter
+def mib(value: int | None) -> str:
+    """MiB as a readable size: '512 MiB', '80 GiB'."""
+    if value is None:
+        return "–"
+    if value >= 1024:
+        gib = value / 1024
+        return f"{gib:.0f} GiB" if gib == int(gib) else f"{gib:.1f} GiB"
+    return f"{value} MiB"
+
+
+@register.filter
+def bytes_h(value: int | None) -> str:
+    if value is None:
+        return "–"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{value} B"
+
+
+@register.filter
+def level(percent: int) -> str:
+    """CSS level for a usage bar."""
+    if percent >= 90:
+        return "bad"
+    return "warn" if percent >= 75 else ""
+
+
+@register.filter
+def get_item(mapping: dict, key: str) -> object:
+    return mapping.get(key, "") if isinstance(mapping, dict) else ""

@@ -1,0 +1,135 @@
+"""Registry and deployment console pages. Decisions call the same domain functions as the API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from console.paging import paginate, querystring_without_page
+from fleet.errors import DomainError
+from fleet.models import AuditEvent, Membership, Tenant
+from fleet.tenancy import has_role
+from rollouts import approvals
+from rollouts.models import Deployment, Model, ModelVersion
+
+
+@login_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    models = (
+        Model.objects.visible_to(request.user)
+        .select_related("tenant")
+        .annotate(
+            version_count=Count("versions", distinct=True),
+            latest=Max("versions__version"),
+            pending=Count("versions", filter=Q(versions__status="pending_approval"), distinct=True),
+        )
+    )
+    q = request.GET.get("q", "").strip()
+    tenant = request.GET.get("tenant", "")
+    if q:
+        models = models.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    if tenant:
+        models = models.filter(tenant__slug=tenant)
+    context = {
+        "page": paginate(request, models),
+        "q": q,
+        "tenant": tenant,
+        "tenants": Tenant.objects.visible_to(request.user),
+        "qs": querystring_without_page(request),
+    }
+    template = "rollouts/model_list.html#results" if request.htmx else "rollouts/model_list.html"
+    return render(request, template, context)
+
+
+@login_required
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(Model.objects.visible_to(request.user).select_related("tenant"), pk=pk)
+    versions = model.versions.select_related("registered_by", "registered_by_token").prefetch_related("aliases")
+    status = request.GET.get("status", "")
+    if status:
+        versions = versions.filter(status=status)
+    context = {
+        "model": model,
+        "page": paginate(request, versions),
+        "status": status,
+        "statuses": ModelVersion.Status.choices,
+        "aliases": model.aliases.select_related("version"),
+        "deployments": model.deployments.select_related("cluster"),
+        "qs": querystring_without_page(request),
+    }
+    template = "rollouts/model_detail.html#versions" if request.htmx else "rollouts/model_detail.html"
+    return render(request, template, context)
+
+
+@login_required
+def version_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    version = get_object_or_404(
+        ModelVersion.objects.visible_to(request.user).select_related(
+            "model__tenant", "registered_by", "registered_by_token", "approval_requested_by",
+            "approval_requested_by_token__created_by", "decided_by",
+        ),
+        pk=pk,
+    )
+    tenant = version.model.tenant
+    history = AuditEvent.objects.filter(object_type="rollouts.modelversion", object_id=str(version.pk))
+    context = {
+        "version": version,
+        "history": history,
+        "can_request": has_role(request.user, tenant, Membership.Role.DEPLOYER),
+        "can_decide": has_role(request.user, tenant, Membership.Role.APPROVER),
+        "is_requester": approvals.is_requester(request.user, version),
+    }
+    return render(request, "rollouts/version_detail.html", context)
+
+
+ACTIONS: dict[str, tuple[Callable[..., ModelVersion], str]] = {
+    "request-approval": (approvals.request_approval, "Approval requested for {v}."),
+    "approve": (approvals.approve, "{v} approved."),
+    "reject": (approvals.reject, "{v} rejected."),
+    "archive": (approvals.archive, "{v} archived."),
+}
+
+
+@login_required
+@require_POST
+def version_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    version = get_object_or_404(ModelVersion.objects.visible_to(request.user), pk=pk)
+    if action not in ACTIONS:
+        raise PermissionDenied(f"unknown action {action}")
+    fn, done = ACTIONS[action]
+    try:
+        fn(request.user, version, request.POST.get("reason", "").strip())
+    except (DomainError, PermissionDenied) as exc:
+        messages.error(request, getattr(exc, "message", None) or str(exc))
+    else:
+        messages.success(request, done.format(v=f"{version.model.name} v{version.version}"))
+    return redirect("rollouts:version", pk=version.pk)
+
+
+@login_required
+def deployment_list(request: HttpRequest) -> HttpResponse:
+    deployments = Deployment.objects.visible_to(request.user).select_related(
+        "tenant", "model", "cluster"
+    ).prefetch_related("servers")
+    return render(request, "rollouts/deployment_list.html", {"page": paginate(request, deployments), "qs": ""})
+
+
+@login_required
+def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = get_object_or_404(
+        Deployment.objects.visible_to(request.user).select_related("tenant", "model", "cluster"), pk=pk
+    )
+    context: dict[str, Any] = {
+        "deployment": deployment,
+        "servers": deployment.servers.all(),
+        "aliases": deployment.model.aliases.select_related("version"),
+    }
+    return render(request, "rollouts/deployment_detail.html", context)
