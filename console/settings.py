@@ -162,6 +162,13 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# The local cluster's Triton (see fleet/local_cluster.py).
+SWITCHYARD_LOCAL_TRITON_HTTP_PORT = env_int("SWITCHYARD_LOCAL_TRITON_HTTP_PORT", 8100, minimum=1)
+SWITCHYARD_LOCAL_TRITON_GRPC_PORT = env_int("SWITCHYARD_LOCAL_TRITON_GRPC_PORT", 8101, minimum=1)
+SWITCHYARD_LOCAL_TRITON_METRICS_PORT = env_int(
+    "SWITCHYARD_LOCAL_TRITON_METRICS_PORT", 8102, minimum=1
+)
+
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -368,6 +368,26 @@ def shm_region_files() -> set[str]:
         return set()
 
 
+def remove_stale_shm_files(min_age: float = 10.0) -> list[str]:
+    """Remove python-backend shm files that no live process maps or holds open.
+
+    For the leftovers of servers killed hard (OOM kill, SIGKILL of the whole group), e.g. from
+    a ``down`` command after :func:`stop_pid` found the server already dead. Files younger
+    than ``min_age`` seconds are kept (a starting server creates its file before mapping it).
+    Returns the names removed.
+    """
+    candidates = set()
+    now = time.time()
+    for name in shm_region_files():
+        with contextlib.suppress(OSError):
+            if now - (SHM_DIR / name).stat().st_mtime >= min_age:
+                candidates.add(name)
+    if candidates:
+        candidates -= _shm_files_mapped_by(_all_pids())
+        _remove_shm(candidates)
+    return sorted(candidates)
+
+
 def _remove_shm(names: set[str]) -> None:
     for name in names:
         with contextlib.suppress(FileNotFoundError):
@@ -505,7 +525,7 @@ class TritonProcess:
         orphans = shm_region_files() - self._shm_before
         if orphans:
             orphans -= _shm_files_mapped_by(_all_pids())
-            pass
+            _remove_shm(orphans)
         self._stopped = True
 
 

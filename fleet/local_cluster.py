@@ -1,0 +1,164 @@
+"""The local cluster: a real tritonserver that Switchyard runs on this machine.
+
+``up()`` prepares the Triton runtime (its own virtualenv, made on first use), writes the demo
+model repository, starts the server on the configured ports, records it as cluster ``local``
+and writes a pidfile; ``down()`` stops the server named in the pidfile. The demo and the tests
+use it; production clusters are ``static`` or ``kubernetes``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from fleet.models import Cluster, InferenceServer, Node
+from fleet.runtime import triton_local
+
+CLUSTER_NAME = "local"
+SERVER_NAME = "triton-local"
+
+
+@dataclass(frozen=True)
+class LocalPaths:
+    root: Path
+    model_repository: Path
+    log: Path
+    pidfile: Path
+
+    @classmethod
+    def from_settings(cls) -> LocalPaths:
+        root = settings.DATA_DIR / "local"
+        return cls(
+            root=root,
+            model_repository=root / "triton" / "models",
+            log=root / "logs" / "triton.log",
+            pidfile=root / "run" / "triton.pid",
+        )
+
+
+def _memory_mib() -> int:
+    try:
+        with Path("/proc/meminfo").open() as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+@transaction.atomic
+def register(
+    http_url: str, grpc_url: str, metrics_url: str, model_repository: Path
+) -> InferenceServer:
+    """Record the local cluster, this host as its node, and the Triton server (idempotent)."""
+    cluster, _ = Cluster.objects.update_or_create(
+        name=CLUSTER_NAME,
+        defaults={
+            "kind": Cluster.Kind.LOCAL,
+            "description": "Real Triton run by Switchyard on this machine (CPU only)",
+        },
+    )
+    hostname = socket.gethostname()
+    node, _ = Node.objects.update_or_create(
+        cluster=cluster,
+        name="localhost",
+        defaults={
+            "hostname": hostname,
+            "cpu_cores": os.cpu_count() or 1,
+            "memory_mib": _memory_mib(),
+            "labels": {"device-class": "cpu"},
+        },
+    )
+    server, _ = InferenceServer.objects.update_or_create(
+        cluster=cluster,
+        name=SERVER_NAME,
+        defaults={
+            "node": node,
+            "runtime": InferenceServer.Runtime.TRITON,
+            "http_url": http_url,
+            "grpc_url": grpc_url,
+            "metrics_url": metrics_url,
+            "model_repository": str(model_repository),
+        },
+    )
+    return server
+
+
+def configured_urls() -> tuple[str, str, str]:
+    host = "127.0.0.1"
+    return (
+        f"http://{host}:{settings.SWITCHYARD_LOCAL_TRITON_HTTP_PORT}",
+        f"{host}:{settings.SWITCHYARD_LOCAL_TRITON_GRPC_PORT}",
+        f"http://{host}:{settings.SWITCHYARD_LOCAL_TRITON_METRICS_PORT}/metrics",
+    )
+
+
+def register_configured() -> InferenceServer:
+    """Register the local server at its configured ports, whether or not it runs now."""
+    http_url, grpc_url, metrics_url = configured_urls()
+    return register(http_url, grpc_url, metrics_url, LocalPaths.from_settings().model_repository)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def up(progress: Callable[[str], None] = print) -> triton_local.TritonProcess:
+    """Start the local Triton with every demo model loaded, and register it."""
+    paths = LocalPaths.from_settings()
+    if paths.pidfile.exists():
+        old = int(paths.pidfile.read_text().strip() or 0)
+        if old and triton_local.stop_pid(old):
+            progress(f"stopped a local Triton left running (pid {old})")
+        paths.pidfile.unlink(missing_ok=True)
+    ports = (
+        settings.SWITCHYARD_LOCAL_TRITON_HTTP_PORT,
+        settings.SWITCHYARD_LOCAL_TRITON_GRPC_PORT,
+        settings.SWITCHYARD_LOCAL_TRITON_METRICS_PORT,
+    )
+    busy = [p for p in ports if not _port_free(p)]
+    if busy:
+        raise RuntimeError(
+            f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; stop what holds them "
+            "or set SWITCHYARD_LOCAL_TRITON_HTTP_PORT/_GRPC_PORT/_METRICS_PORT"
+        )
+    runtime = triton_local.ensure_runtime(settings.DATA_DIR, progress=progress)
+    models = triton_local.write_demo_repository(paths.model_repository)
+    progress(f"starting tritonserver with models {', '.join(models)}")
+    proc = triton_local.start_triton(
+        runtime,
+        paths.model_repository,
+        http_port=ports[0],
+        grpc_port=ports[1],
+        metrics_port=ports[2],
+        load_models=models,
+        log_path=paths.log,
+    )
+    paths.pidfile.parent.mkdir(parents=True, exist_ok=True)
+    paths.pidfile.write_text(str(proc.pid))
+    register(proc.http_url, proc.grpc_url, proc.metrics_url, paths.model_repository)
+    progress(f"local Triton ready at {proc.http_url} (pid {proc.pid}, log {paths.log})")
+    return proc
+
+
+def down() -> bool:
+    """Stop the local Triton named in the pidfile. False when none was running."""
+    paths = LocalPaths.from_settings()
+    if not paths.pidfile.exists():
+        return False
+    pid = int(paths.pidfile.read_text().strip() or 0)
+    stopped = bool(pid) and triton_local.stop_pid(pid)
+    paths.pidfile.unlink(missing_ok=True)
+    return stopped

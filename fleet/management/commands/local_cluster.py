@@ -1,0 +1,65 @@
+"""``manage.py local_cluster up|down|status``: run the local cluster's real Triton."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fleet import health, local_cluster
+from fleet.models import InferenceServer
+
+
+class Command(BaseCommand):
+    help = (
+        "up: start the local tritonserver (demo models loaded), register it and keep it running "
+        "until Ctrl-C or SIGTERM; down: stop one started elsewhere; status: probe it."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=["up", "down", "status"])
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        getattr(self, f"_{action}")()
+
+    def _say(self, message: str) -> None:
+        self.stdout.write(message)
+        self.stdout.flush()
+
+    def _up(self) -> None:
+        try:
+            proc = local_cluster.up(progress=self._say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            while not stop.wait(1.0):
+                if not proc.is_running():
+                    raise CommandError(f"tritonserver exited; last log lines:\n{proc.log_tail()}")
+        finally:
+            self._say("stopping local Triton…")
+            proc.stop()
+            local_cluster.LocalPaths.from_settings().pidfile.unlink(missing_ok=True)
+            self._say("local Triton stopped")
+
+    def _down(self) -> None:
+        if local_cluster.down():
+            self._say("local Triton stopped")
+        else:
+            self._say("no local Triton was running")
+
+    def _status(self) -> None:
+        server = InferenceServer.objects.filter(
+            cluster__name=local_cluster.CLUSTER_NAME, name=local_cluster.SERVER_NAME
+        ).first()
+        if server is None:
+            raise CommandError("the local cluster is not registered; run `local_cluster up`")
+        server = health.check_server(server.pk)
+        assert server is not None
+        self._say(f"{server.name}: {server.health} {server.server_version} {server.health_detail}")
+        for m in server.reported_models:
+            self._say(f"  {m['name']} v{m['version']}: {m['state']} {m['reason']}")

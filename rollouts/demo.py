@@ -1,0 +1,203 @@
+"""Demo data: two tenants, a user per role, models with versions, quotas, the local cluster.
+
+Idempotent: running it twice changes nothing. Artifact digests and sizes are those of real
+deterministic tarballs of the demo model folders that the local Triton serves.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from fleet import audit, local_cluster
+from fleet.models import GPU, Cluster, Membership, Node, Placement, Quota, Tenant
+from fleet.runtime.triton_local import DEMO_MODELS_DIR
+from rollouts.models import Alias, Deployment, Model, ModelVersion
+
+Role = Membership.Role
+Status = ModelVersion.Status
+
+USERS = [
+    # username, tenant, role
+    ("alice", "acme", Role.ADMIN),
+    ("erin", "acme", Role.APPROVER),
+    ("dave", "acme", Role.DEPLOYER),
+    ("bob", "acme", Role.VIEWER),
+    ("charlie", "globex", Role.ADMIN),
+    ("grace", "globex", Role.APPROVER),
+]
+
+
+@dataclass(frozen=True)
+class DemoVersion:
+    model: str
+    version: int
+    status: str
+    memory_mib: int
+    git_sha: str
+    training_run: str
+
+
+VERSIONS = [
+    DemoVersion("fraud-scorer", 1, Status.APPROVED, 64, "4f1c2a9e", "train-2026-10-02"),
+    DemoVersion("fraud-scorer", 2, Status.PENDING_APPROVAL, 64, "9b7d0e31", "train-2026-11-14"),
+    DemoVersion("sentiment", 1, Status.APPROVED, 48, "c0ffee12", "sent-2026-09-30"),
+]
+OWNERS = {"fraud-scorer": "acme", "sentiment": "globex"}
+DESCRIPTIONS = {
+    "fraud-scorer": "Scores card transactions for fraud; v2 adds merchant features (slower).",
+    "sentiment": "Classifies support tickets as positive or negative.",
+}
+
+
+def artifact(model: str, version: int) -> tuple[bytes, str]:
+    """A deterministic .tar.gz of config.pbtxt and the version folder, and its sha256."""
+    base = DEMO_MODELS_DIR / model
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(
+        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
+    ) as tar:
+        paths = [base / "config.pbtxt", *sorted((base / str(version)).rglob("*"))]
+        for path in paths:
+            if path.is_dir() or "__pycache__" in path.parts:
+                continue
+            data = path.read_bytes()
+            info = tarfile.TarInfo(str(Path(model) / path.relative_to(base)))
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    blob = buffer.getvalue()
+    return blob, hashlib.sha256(blob).hexdigest()
+
+
+@transaction.atomic
+def seed(password: str) -> None:
+    user_model = get_user_model()
+    tenants = {
+        "acme": Tenant.objects.update_or_create(slug="acme", defaults={"name": "Acme Payments"})[0],
+        "globex": Tenant.objects.update_or_create(slug="globex", defaults={"name": "Globex Support"})[0],
+    }
+    root, created = user_model.objects.get_or_create(
+        username="root", defaults={"is_superuser": True, "is_staff": True, "email": "root@localhost"}
+    )
+    if created:
+        root.set_password(password)
+        root.save()
+    for username, slug, role in USERS:
+        user, created = user_model.objects.get_or_create(username=username)
+        if created:
+            user.set_password(password)
+            user.save()
+        Membership.objects.update_or_create(user=user, tenant=tenants[slug], defaults={"role": role})
+
+    for slug, device_class, units, memory in [
+        ("acme", "cpu", 8, 4096),
+        ("acme", "nvidia-a100-80gb", 4, 4 * 81920),
+        ("globex", "cpu", 4, 2048),
+        ("globex", "nvidia-l4", 2, 2 * 23034),
+    ]:
+        Quota.objects.get_or_create(
+            tenant=tenants[slug], device_class=device_class,
+            defaults={"units": units, "memory_mib": memory},
+        )
+
+    _seed_gpu_inventory()
+    server = local_cluster.register_configured()
+    cluster = server.cluster
+
+    for spec in VERSIONS:
+        tenant = tenants[OWNERS[spec.model]]
+        model, _ = Model.objects.get_or_create(
+            tenant=tenant, name=spec.model, defaults={"description": DESCRIPTIONS[spec.model]}
+        )
+        blob, digest = artifact(spec.model, spec.version)
+        requester = user_model.objects.get(username="dave" if tenant.slug == "acme" else "charlie")
+        approver = user_model.objects.get(username="erin" if tenant.slug == "acme" else "grace")
+        version, created = ModelVersion.objects.get_or_create(
+            model=model,
+            version=spec.version,
+            defaults={
+                "artifact_uri": f"s3://switchyard-demo/{spec.model}/{spec.version}/model.tar.gz",
+                "sha256": digest,
+                "size_bytes": len(blob),
+                "runtime": ModelVersion.Runtime.TRITON,
+                "backend": "python",
+                "triton_config": {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
+                "gpus": 1,
+                "estimated_gpu_memory_mib": spec.memory_mib,
+                "labels": {"team": tenant.slug, "framework": "python"},
+                "git_sha": spec.git_sha,
+                "training_run": spec.training_run,
+                "status": spec.status,
+                "registered_by": requester,
+                "approval_requested_by": requester,
+                "decided_by": approver if spec.status == Status.APPROVED else None,
+                "status_reason": "demo data" if spec.status == Status.APPROVED else "",
+            },
+        )
+        if created:
+            audit.record(requester, "registered", version, tenant=tenant, after={"version": spec.version})
+            audit.record(requester, "requested_approval", version, tenant=tenant,
+                         after={"status": Status.PENDING_APPROVAL})
+            if spec.status == Status.APPROVED:
+                audit.record(approver, "approved", version, tenant=tenant,
+                             before={"status": Status.PENDING_APPROVAL},
+                             after={"status": Status.APPROVED}, reason="demo data")
+        Placement.objects.get_or_create(
+            server=server, model_version=version, state=Placement.State.ACTIVE,
+            defaults={"tenant": tenant, "device_class": "cpu", "units": 1, "memory_mib": spec.memory_mib},
+        )
+
+    fraud = Model.objects.get(tenant=tenants["acme"], name="fraud-scorer")
+    Alias.objects.get_or_create(model=fraud, name="production", defaults={"version": fraud.versions.get(version=1)})
+    Alias.objects.get_or_create(model=fraud, name="staging", defaults={"version": fraud.versions.get(version=2)})
+    sentiment = Model.objects.get(tenant=tenants["globex"], name="sentiment")
+    Alias.objects.get_or_create(model=sentiment, name="production", defaults={"version": sentiment.versions.get(version=1)})
+
+    for tenant, model, name, p99 in [
+        (tenants["acme"], fraud, "fraud-scorer-prod", 50),
+        (tenants["globex"], sentiment, "sentiment-prod", 100),
+    ]:
+        deployment, created = Deployment.objects.get_or_create(
+            tenant=tenant, name=name,
+            defaults={"model": model, "cluster": cluster, "production": True, "slo_p99_ms": p99,
+                      "description": f"{model.name} on the local Triton"},
+        )
+        if created:
+            deployment.servers.set([server])
+
+
+def _seed_gpu_inventory() -> None:
+    """An example static GPU cluster's inventory (nodes and GPUs, incl. MIG slices).
+
+    It has no inference servers: nothing in the demo pretends to serve from GPUs it lacks.
+    """
+    cluster, _ = Cluster.objects.get_or_create(
+        name="gpu-lab",
+        defaults={"kind": Cluster.Kind.STATIC,
+                  "description": "Example GPU inventory (no servers reachable from the demo)"},
+    )
+    node, _ = Node.objects.get_or_create(
+        cluster=cluster, name="dgx-a100-01",
+        defaults={"hostname": "dgx-a100-01.lab", "cpu_cores": 128, "memory_mib": 1024 * 1024},
+    )
+    for index in range(2):
+        gpu, _ = GPU.objects.get_or_create(
+            uuid=f"GPU-5f0e6a1c-0000-4000-8000-00000000000{index}",
+            defaults={"node": node, "index": index, "model": "NVIDIA A100-SXM4-80GB",
+                      "device_class": "nvidia-a100-80gb", "memory_mib": 81920},
+        )
+        if index == 1:
+            for n, profile in enumerate(["3g.40gb", "3g.40gb"]):
+                GPU.objects.get_or_create(
+                    uuid=f"MIG-5f0e6a1c-0001-4000-8000-00000000001{n}",
+                    defaults={"node": node, "index": index, "model": "NVIDIA A100-SXM4-80GB MIG",
+                              "device_class": "nvidia-a100-80gb", "memory_mib": 40960,
+                              "parent": gpu, "mig_profile": profile},
+                )
