@@ -7,6 +7,7 @@ half a product running is worse than a clear message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,10 +43,8 @@ class Child:
     def signal(self, sig: signal.Signals) -> None:
         if self.running():
             assert self.popen is not None
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def tail(self, lines: int = 15) -> str:
         try:

@@ -9,9 +9,8 @@ from django.utils import timezone
 
 from console.paging import paginate, querystring_without_page
 from fleet.api.filters import AuditEventFilter
-from fleet.models import AuditEvent, InferenceServer, Tenant
+from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
 from fleet.quota import usage_for
-from fleet.models import Quota
 from rollouts.models import Deployment, Model, ModelVersion
 
 

@@ -29,7 +29,7 @@ def ago(value: datetime | None) -> str:
 def mib(value: int | None) -> str:
     """MiB as a readable size: '512 MiB', '80 GiB'."""
     if value is None:
-        return "–"
+        return "\u2013"  # en dash: no value
     if value >= 1024:
         gib = value / 1024
         return f"{gib:.0f} GiB" if gib == int(gib) else f"{gib:.1f} GiB"
@@ -39,7 +39,7 @@ def mib(value: int | None) -> str:
 @register.filter
 def bytes_h(value: int | None) -> str:
     if value is None:
-        return "–"
+        return "\u2013"  # en dash: no value
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if size < 1024 or unit == "TiB":
@@ -59,3 +59,9 @@ def level(percent: int) -> str:
 @register.filter
 def get_item(mapping: dict, key: str) -> object:
     return mapping.get(key, "") if isinstance(mapping, dict) else ""
+
+
+@register.filter
+def verb(value: str) -> str:
+    """'requested_approval' → 'requested approval'."""
+    return value.replace("_", " ")

@@ -18,8 +18,6 @@ class AuditEvent(models.Model):
     ``tenant`` is empty for platform-level changes (clusters, servers).
     """
 
-    objects = scoped_manager("tenant")
-
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events"
     )
@@ -38,6 +36,8 @@ class AuditEvent(models.Model):
     after = models.JSONField(default=dict, blank=True)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["-created_at", "-id"]

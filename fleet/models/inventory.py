@@ -18,8 +18,6 @@ class Cluster(models.Model):
     can see them, only platform admins change them.
     """
 
-    objects = FleetQuerySet.as_manager()
-
     class Kind(models.TextChoices):
         LOCAL = "local", "Local"
         STATIC = "static", "Static endpoints"
@@ -32,17 +30,16 @@ class Cluster(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
 
+    objects = FleetQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
 
-
 class Node(models.Model):
     """A host in a cluster. ``device_class`` is ``cpu`` for CPU-only nodes (the local demo)."""
-
-    objects = FleetQuerySet.as_manager()
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     name = models.CharField(max_length=128)
@@ -52,6 +49,8 @@ class Node(models.Model):
     labels = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = FleetQuerySet.as_manager()
+
     class Meta:
         ordering = ["cluster__name", "name"]
         constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="uniq_node_per_cluster")]
@@ -59,14 +58,11 @@ class Node(models.Model):
     def __str__(self) -> str:
         return f"{self.cluster}/{self.name}"
 
-
 class GPU(models.Model):
     """One GPU on a node, or one MIG slice of one (``parent`` set, ``mig_profile`` named).
 
     ``device_class`` is the slug quotas are written against, e.g. ``nvidia-a100-80gb``.
     """
-
-    objects = FleetQuerySet.as_manager()
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveIntegerField()
@@ -79,13 +75,14 @@ class GPU(models.Model):
     )
     mig_profile = models.CharField(max_length=32, blank=True, help_text="e.g. 3g.40gb")
 
+    objects = FleetQuerySet.as_manager()
+
     class Meta:
         ordering = ["node__cluster__name", "node__name", "index", "mig_profile"]
 
     def __str__(self) -> str:
         suffix = f" {self.mig_profile}" if self.mig_profile else ""
         return f"{self.node} gpu{self.index}{suffix}"
-
 
 class InferenceServer(models.Model):
     """A Triton or vLLM endpoint. Its health is observed, never typed in.
@@ -95,8 +92,6 @@ class InferenceServer(models.Model):
     ``last_seen_at`` is the last time it answered at all; ``reported_models`` is what the
     server itself says it has loaded (the repository index for Triton, /v1/models for vLLM).
     """
-
-    objects = FleetQuerySet.as_manager()
 
     class Runtime(models.TextChoices):
         TRITON = "triton", "Triton"
@@ -128,6 +123,8 @@ class InferenceServer(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     health_changed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = FleetQuerySet.as_manager()
 
     class Meta:
         ordering = ["cluster__name", "name"]

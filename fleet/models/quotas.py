@@ -22,13 +22,13 @@ class Quota(models.Model):
     active placements on that class.
     """
 
-    objects = scoped_manager("tenant")
-
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
     device_class = models.CharField(max_length=64, validators=[slug_validator])
     units = models.PositiveIntegerField(help_text="GPUs, or model instances for the cpu class")
     memory_mib = models.PositiveBigIntegerField(help_text="GPU memory, or host memory for cpu")
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["tenant__slug", "device_class"]
@@ -51,15 +51,12 @@ class Quota(models.Model):
     def memory_label(self) -> str:
         return "host memory" if self.is_cpu else "GPU memory"
 
-
 class Placement(models.Model):
     """One model version loaded on one server, holding quota while it is active.
 
     States: loading → active → released. Only ``loading`` and ``active`` placements count
     against quota.
     """
-
-    objects = scoped_manager("tenant")
 
     class State(models.TextChoices):
         LOADING = "loading", "Loading"
@@ -80,6 +77,8 @@ class Placement(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
     created_at = models.DateTimeField(auto_now_add=True)
     released_at = models.DateTimeField(null=True, blank=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["-created_at"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from fleet.tenancy import scoped_manager
-from django.utils import timezone
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$",
@@ -18,18 +18,17 @@ slug_validator = RegexValidator(
 class Tenant(models.Model):
     """A team that owns models, deployments, quota and tokens. Tenants never see each other."""
 
-    objects = scoped_manager("id")
-
     slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("id")
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.slug
-
 
 class Membership(models.Model):
     """A person's role in one tenant. Roles are ordered: each includes the ones below it.
@@ -38,8 +37,6 @@ class Membership(models.Model):
     approves or rejects versions requested by someone else; admin also manages tokens.
     Platform admins (superusers) act as admin in every tenant.
     """
-
-    objects = scoped_manager("tenant")
 
     class Role(models.TextChoices):
         VIEWER = "viewer", "Viewer"
@@ -54,6 +51,8 @@ class Membership(models.Model):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = scoped_manager("tenant")
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="uniq_membership")]
         ordering = ["tenant__slug", "user__username"]
@@ -65,7 +64,6 @@ class Membership(models.Model):
     def rank(cls, role: str) -> int:
         return cls.RANK[cls.Role(role)]
 
-
 class APIToken(models.Model):
     """A tenant's credential for scripts and CI, acting with a fixed role in that one tenant.
 
@@ -73,8 +71,6 @@ class APIToken(models.Model):
     are stored. States: active → revoked (revoked_at set) or expired (expires_at passed);
     neither can be undone. ``last_used_at`` is updated at most once a minute.
     """
-
-    objects = scoped_manager("tenant")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
     name = models.CharField(max_length=100)
@@ -90,6 +86,8 @@ class APIToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["tenant__slug", "name"]

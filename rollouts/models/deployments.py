@@ -8,10 +8,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from fleet.tenancy import scoped_manager
-
 from fleet.models import Cluster, InferenceServer, Tenant
 from fleet.models.tenancy import slug_validator
+from fleet.tenancy import scoped_manager
 
 from .registry import Model
 
@@ -23,8 +22,6 @@ class Deployment(models.Model):
     which versions it serves and in what traffic split; the deployment itself has no state
     machine.
     """
-
-    objects = scoped_manager("tenant")
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="deployments")
     name = models.CharField(max_length=64, validators=[slug_validator])
@@ -45,6 +42,8 @@ class Deployment(models.Model):
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["tenant__slug", "name"]

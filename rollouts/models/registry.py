@@ -9,10 +9,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from fleet.tenancy import scoped_manager
-
 from fleet.models import APIToken, Tenant
 from fleet.models.tenancy import slug_validator
+from fleet.tenancy import scoped_manager
 
 sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 s3_uri_validator = RegexValidator(
@@ -23,12 +22,12 @@ s3_uri_validator = RegexValidator(
 class Model(models.Model):
     """A named model owned by one tenant; its versions are what get deployed."""
 
-    objects = scoped_manager("tenant")
-
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="models")
     name = models.CharField(max_length=64, validators=[slug_validator])
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["tenant__slug", "name"]
@@ -37,7 +36,6 @@ class Model(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}"
 
-
 class ModelVersion(models.Model):
     """One immutable version of a model: what was built, where its artifact is, what it needs.
 
@@ -45,8 +43,6 @@ class ModelVersion(models.Model):
     archived. A version may also be archived straight from registered. Everything but the
     status fields is frozen once the row exists: a new build is a new version.
     """
-
-    objects = scoped_manager("model__tenant")
 
     class Status(models.TextChoices):
         REGISTERED = "registered", "Registered"
@@ -110,6 +106,8 @@ class ModelVersion(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = scoped_manager("model__tenant")
+
     class Meta:
         ordering = ["model__tenant__slug", "model__name", "-version"]
         constraints = [
@@ -118,6 +116,18 @@ class ModelVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} v{self.version}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if self.pk is not None:
+            frozen = [f.attname for f in self._meta.concrete_fields if f.name not in self.MUTABLE_FIELDS]
+            stored = type(self).objects.filter(pk=self.pk).values(*frozen).first()
+            if stored is not None:
+                changed = [name for name in frozen if stored[name] != getattr(self, name)]
+                if changed:
+                    raise ValidationError(
+                        {name: "model versions are immutable once registered" for name in changed}
+                    )
+        super().save(*args, **kwargs)
 
     @property
     def tenant(self) -> Tenant:
@@ -136,28 +146,15 @@ class ModelVersion(models.Model):
         if not isinstance(self.triton_config, dict):
             raise ValidationError({"triton_config": "must be a JSON object"})
 
-    def save(self, *args: object, **kwargs: object) -> None:
-        if self.pk is not None:
-            frozen = [f.attname for f in self._meta.concrete_fields if f.name not in self.MUTABLE_FIELDS]
-            stored = type(self).objects.filter(pk=self.pk).values(*frozen).first()
-            if stored is not None:
-                changed = [name for name in frozen if stored[name] != getattr(self, name)]
-                if changed:
-                    raise ValidationError(
-                        {name: "model versions are immutable once registered" for name in changed}
-                    )
-        super().save(*args, **kwargs)
-
-
 class Alias(models.Model):
     """A movable name for one version of a model, such as ``production`` or ``staging``."""
-
-    objects = scoped_manager("model__tenant")
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="aliases")
     name = models.CharField(max_length=64, validators=[slug_validator])
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = scoped_manager("model__tenant")
 
     class Meta:
         ordering = ["model__name", "name"]

@@ -1,0 +1,518 @@
+"""Every routed API endpoint, by method, by caller: the answer tenancy gives each.
+
+Callers: the least persona whose role is enough (2xx), personas whose role is too low (403
+naming the role), charlie of tenant B (404 on tenant A's objects, lists without them, creates
+that name them refused 400 on the field), a user with no membership (empty lists) and an
+anonymous client (401). Fleet objects are shared: any member reads them, only platform
+admins write them (403 for a tenant admin). Quotas are read by their own tenant's members
+and written by platform admins only.
+
+The matrix is checked against the routers, so a new endpoint or action fails
+``test_the_matrix_covers_every_routed_endpoint`` until it is added here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pytest
+from django.db import models
+from rest_framework.test import APIClient
+
+from fleet import health, tokens
+from fleet.adapters.base import ServerProbe
+from fleet.api.urls import router as fleet_router
+from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
+from rollouts import approvals
+from rollouts.api.urls import router as rollouts_router
+from rollouts.models import Alias, Deployment, Model, ModelVersion
+from tests.factories import (
+    AliasFactory,
+    ClusterFactory,
+    DeploymentFactory,
+    GPUFactory,
+    InferenceServerFactory,
+    ModelFactory,
+    ModelVersionFactory,
+    NodeFactory,
+    QuotaFactory,
+    UserFactory,
+)
+
+DEPLOYMENT_RENDER_BUG = pytest.mark.xfail(
+    reason=(
+        "BUG: rollouts/api/serializers.py:120 DeploymentSerializer.servers is a ListField, so "
+        "super().to_representation() iterates a ManyRelatedManager: every response that "
+        "renders a deployment is a 500 (TypeError)"
+    ),
+    raises=TypeError,
+    strict=True,
+)
+
+ANONYMOUS = "anonymous"
+LONER = "loner"  # authenticated, member of no tenant
+OTHER = "charlie"  # admin of tenant B: the highest role, so every refusal is tenancy's
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def fake_probes(monkeypatch):
+    """servers/check probes for real; answer at once instead of touching the network."""
+
+    def probe(http_url: str, timeout: float) -> ServerProbe:
+        return ServerProbe(ready=False, live=False, error=f"connection refused at {http_url}")
+
+    monkeypatch.setattr(health, "PROBES", dict.fromkeys(InferenceServer.Runtime, probe))
+
+
+class World:
+    """Tenant A's and tenant B's objects and the shared fleet, each made on first use."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.request = request
+
+    def persona(self, name: str) -> Any:
+        if name == LONER:
+            return UserFactory(username="loner")
+        return self.request.getfixturevalue(name)
+
+    def client(self, caller: str) -> APIClient:
+        client = APIClient()
+        if caller != ANONYMOUS:
+            client.force_authenticate(self.persona(caller))
+        return client
+
+    @cached_property
+    def tenant_a(self) -> Tenant:
+        return self.persona("tenant_a")
+
+    @cached_property
+    def tenant_b(self) -> Tenant:
+        return self.persona("tenant_b")
+
+    # --- shared fleet
+    @cached_property
+    def cluster(self) -> Cluster:
+        return ClusterFactory(name="cluster-1")
+
+    @cached_property
+    def node(self) -> Node:
+        return NodeFactory(cluster=self.cluster, name="node-1")
+
+    @cached_property
+    def gpu(self) -> GPU:
+        return GPUFactory(node=self.node, index=0, uuid="GPU-matrix-0")
+
+    @cached_property
+    def server(self) -> InferenceServer:
+        return InferenceServerFactory(cluster=self.cluster, name="server-1")
+
+    # --- tenant-owned
+    @cached_property
+    def quota_a(self) -> Quota:
+        return QuotaFactory(tenant=self.tenant_a, device_class="cpu")
+
+    @cached_property
+    def quota_b(self) -> Quota:
+        return QuotaFactory(tenant=self.tenant_b, device_class="cpu")
+
+    @cached_property
+    def token_a(self) -> APIToken:
+        return tokens.issue(self.persona("alice"), self.tenant_a, "ci-a").token
+
+    @cached_property
+    def token_b(self) -> APIToken:
+        return tokens.issue(self.persona("charlie"), self.tenant_b, "ci-b").token
+
+    def _event(self, tenant: Tenant) -> AuditEvent:
+        return AuditEvent.objects.create(
+            tenant=tenant, actor_label="seed", verb="noted", object_type="tests.seed",
+            object_id=tenant.slug, object_repr=tenant.slug,
+        )
+
+    @cached_property
+    def audit_a(self) -> AuditEvent:
+        return self._event(self.tenant_a)
+
+    @cached_property
+    def audit_b(self) -> AuditEvent:
+        return self._event(self.tenant_b)
+
+    @cached_property
+    def model_a(self) -> Model:
+        return ModelFactory(tenant=self.tenant_a, name="model-a")
+
+    @cached_property
+    def model_b(self) -> Model:
+        return ModelFactory(tenant=self.tenant_b, name="model-b")
+
+    @cached_property
+    def version_a(self) -> ModelVersion:
+        return ModelVersionFactory(model=self.model_a, version=1)
+
+    @cached_property
+    def pending_a(self) -> ModelVersion:
+        """Version 2 of model A, approval requested by dave (so erin may decide)."""
+        version = ModelVersionFactory(model=self.model_a, version=2)
+        return approvals.request_approval(self.persona("dave"), version)
+
+    @cached_property
+    def spare_a(self) -> ModelVersion:
+        return ModelVersionFactory(model=self.model_a, version=3)
+
+    @cached_property
+    def version_b(self) -> ModelVersion:
+        return ModelVersionFactory(model=self.model_b, version=1)
+
+    @cached_property
+    def alias_a(self) -> Alias:
+        return AliasFactory(model=self.model_a, version=self.version_a, name="staging")
+
+    @cached_property
+    def alias_b(self) -> Alias:
+        return AliasFactory(model=self.model_b, version=self.version_b, name="staging")
+
+    @cached_property
+    def deployment_a(self) -> Deployment:
+        return DeploymentFactory(model=self.model_a, cluster=self.cluster, name="dep-a")
+
+    @cached_property
+    def deployment_b(self) -> Deployment:
+        return DeploymentFactory(model=self.model_b, cluster=self.cluster, name="dep-b")
+
+
+@pytest.fixture
+def world(request, db) -> World:
+    return World(request)
+
+
+def fresh(obj: models.Model) -> Any:
+    return type(obj)._base_manager.get(pk=obj.pk)
+
+
+def gone(obj: models.Model) -> bool:
+    return not type(obj)._base_manager.filter(pk=obj.pk).exists()
+
+
+@dataclass(frozen=True)
+class Op:
+    """One routed (basename, action, method) and what each caller should get from it.
+
+    ``writer``: None (a read, or an action any member may take), "role" (the tenant ``role``
+    is needed) or "platform" (platform admins only). ``scope``: "tenant" or "fleet".
+    """
+
+    basename: str
+    action: str
+    method: str
+    path: str  # e.g. "models/" or "versions/{version_a}/approve/"
+    model: type[models.Model]
+    own: str
+    ok: int
+    scope: str = "tenant"
+    writer: str | None = None
+    role: str | None = None
+    below: tuple[str, ...] = ()
+    payload: Callable[[World], dict[str, Any]] | None = None
+    rows: tuple[str, str | None] | None = None  # list: (tenant A's row, tenant B's row)
+    field: str | None = None  # a foreign create is refused naming this field
+    done: Callable[[World, Any], bool] | None = None  # the success left this effect
+    broken_for: tuple[str, ...] = ()  # callers hit by DEPLOYMENT_RENDER_BUG
+
+    def target(self, world: World) -> models.Model | None:
+        if "{" not in self.path:
+            return None
+        return getattr(world, self.path.split("{")[1].split("}")[0])
+
+    def url(self, world: World) -> str:
+        target = self.target(world)
+        name = self.path.split("{")[1].split("}")[0] if target is not None else None
+        path = self.path.replace(f"{{{name}}}", str(target.pk)) if target is not None else self.path
+        return f"/api/v1/{path}"
+
+    def expectations(self) -> list[tuple[str, int]]:
+        """(caller, status) for every caller this endpoint is tried with."""
+        denied_writer = self.writer == "platform"
+        if denied_writer or self.action == "list":
+            other = 403 if denied_writer else 200
+            loner = other
+        elif self.scope == "fleet":
+            other, loner = 200, 404
+        elif self.action == "create":
+            other = loner = 400
+        else:
+            other = loner = 404
+        below = self.below or (("alice", "bob") if denied_writer else ())
+        return [
+            (self.own, self.ok),
+            (ANONYMOUS, 401),
+            *[(persona, 403) for persona in below],
+            (OTHER, other),
+            (LONER, loner),
+        ]
+
+
+def read_ops(basename: str, prefix: str, model: type[models.Model], rows: tuple[str, str | None],
+             scope: str = "tenant") -> list[Op]:
+    return [
+        Op(basename, "list", "GET", f"{prefix}/", model, "bob", 200, scope=scope, rows=rows),
+        Op(basename, "retrieve", "GET", f"{prefix}/{{{rows[0]}}}/", model, "bob", 200,
+           scope=scope),
+    ]
+
+
+def platform_write_ops(basename: str, prefix: str, model: type[models.Model], target: str,
+                       create: Callable[[World], dict[str, Any]],
+                       update: Callable[[World], dict[str, Any]],
+                       patch: dict[str, Any], scope: str = "fleet") -> list[Op]:
+    """create / update / partial_update / destroy, for platform admins only."""
+    item = f"{prefix}/{{{target}}}/"
+
+    def updated(data: Callable[[World], dict[str, Any]]) -> Callable[[World, Any], bool]:
+        def check(world: World, body: Any) -> bool:
+            row = fresh(getattr(world, target))
+            return all(getattr(row, k) == v for k, v in data(world).items()
+                       if not isinstance(getattr(row, k), models.Model))
+        return check
+
+    return [
+        Op(basename, "create", "POST", f"{prefix}/", model, "root", 201, scope=scope,
+           writer="platform", payload=create,
+           done=lambda w, body: model._base_manager.filter(pk=body["id"]).exists()),
+        Op(basename, "update", "PUT", item, model, "root", 200, scope=scope, writer="platform",
+           payload=update, done=updated(update)),
+        Op(basename, "partial_update", "PATCH", item, model, "root", 200, scope=scope,
+           writer="platform", payload=lambda w: patch, done=updated(lambda w: patch)),
+        Op(basename, "destroy", "DELETE", item, model, "root", 204, scope=scope,
+           writer="platform", done=lambda w, body: gone(getattr(w, target))),
+    ]
+
+
+VERSION_7 = {
+    "version": 7, "artifact_uri": "s3://models/model-a/7.tar.gz", "sha256": "ab" * 32,
+    "size_bytes": 10, "runtime": "triton", "backend": "python",
+}
+
+OPS: list[Op] = [
+    # --- fleet: tenants, tokens, quotas, inventory, audit
+    Op("tenant", "list", "GET", "tenants/", Tenant, "bob", 200, rows=("tenant_a", "tenant_b")),
+    Op("tenant", "retrieve", "GET", "tenants/{tenant_a}/", Tenant, "bob", 200,
+       done=lambda w, body: body["role"] == "viewer"),
+    # A viewer may list the tenant's tokens: names, prefixes and states, never secrets.
+    Op("token", "list", "GET", "tokens/", APIToken, "bob", 200, rows=("token_a", "token_b"),
+       done=lambda w, body: all("token" not in row and "digest" not in row
+                                for row in body["results"])),
+    Op("token", "retrieve", "GET", "tokens/{token_a}/", APIToken, "bob", 200,
+       done=lambda w, body: "token" not in body and "digest" not in body),
+    Op("token", "create", "POST", "tokens/", APIToken, "alice", 201, writer="role", role="admin",
+       below=("erin", "bob"), field="tenant",
+       payload=lambda w: {"tenant": w.tenant_a.slug, "name": "deploy-bot", "role": "deployer"},
+       done=lambda w, body: body["token"].startswith("sy_")
+       and APIToken.objects.filter(pk=body["id"], tenant=w.tenant_a).exists()),
+    Op("token", "destroy", "DELETE", "tokens/{token_a}/", APIToken, "alice", 204, writer="role",
+       role="admin", below=("erin", "bob"), done=lambda w, body: fresh(w.token_a).state == "revoked"),
+    *read_ops("quota", "quotas", Quota, ("quota_a", "quota_b")),
+    *platform_write_ops(
+        "quota", "quotas", Quota, "quota_a", scope="tenant",
+        create=lambda w: {"tenant": w.tenant_a.slug, "device_class": "nvidia-l4", "units": 2,
+                          "memory_mib": 1024},
+        update=lambda w: {"tenant": w.tenant_a.slug, "device_class": "cpu", "units": 99,
+                          "memory_mib": 2048},
+        patch={"units": 99},
+    ),
+    *read_ops("cluster", "clusters", Cluster, ("cluster", None), scope="fleet"),
+    *platform_write_ops(
+        "cluster", "clusters", Cluster, "cluster",
+        create=lambda w: {"name": "gpu-west", "kind": "static"},
+        update=lambda w: {"name": "cluster-1", "kind": "static", "description": "changed"},
+        patch={"description": "changed"},
+    ),
+    *read_ops("node", "nodes", Node, ("node", None), scope="fleet"),
+    *platform_write_ops(
+        "node", "nodes", Node, "node",
+        create=lambda w: {"cluster": w.cluster.pk, "name": "node-new", "cpu_cores": 8},
+        update=lambda w: {"cluster": w.cluster.pk, "name": "node-1", "hostname": "changed"},
+        patch={"hostname": "changed"},
+    ),
+    *read_ops("gpu", "gpus", GPU, ("gpu", None), scope="fleet"),
+    *platform_write_ops(
+        "gpu", "gpus", GPU, "gpu",
+        create=lambda w: {"node": w.node.pk, "index": 1, "uuid": "GPU-new", "model": "NVIDIA L4",
+                          "device_class": "nvidia-l4", "memory_mib": 24576},
+        update=lambda w: {"node": w.node.pk, "index": 0, "uuid": "GPU-matrix-0",
+                          "model": "NVIDIA A100", "device_class": "nvidia-a100-80gb",
+                          "memory_mib": 40960},
+        patch={"memory_mib": 40960},
+    ),
+    *read_ops("server", "servers", InferenceServer, ("server", None), scope="fleet"),
+    *platform_write_ops(
+        "server", "servers", InferenceServer, "server",
+        create=lambda w: {"cluster": w.cluster.pk, "name": "server-new", "runtime": "vllm",
+                          "http_url": "http://127.0.0.1:8000"},
+        update=lambda w: {"cluster": w.cluster.pk, "name": "server-1", "runtime": "triton",
+                          "http_url": "http://127.0.0.1:9", "grpc_url": "changed:8001"},
+        patch={"grpc_url": "changed:8001"},
+    ),
+    # Probing a server is open to any member: it refreshes observed health, typed in by no one.
+    Op("server", "check", "POST", "servers/{server}/check/", InferenceServer, "bob", 200,
+       scope="fleet", done=lambda w, body: body["health"] == "unreachable"
+       and fresh(w.server).last_checked_at is not None),
+    *read_ops("auditevent", "audit-events", AuditEvent, ("audit_a", "audit_b")),
+    # --- registry
+    *read_ops("model", "models", Model, ("model_a", "model_b")),
+    Op("model", "create", "POST", "models/", Model, "dave", 201, writer="role", role="deployer",
+       below=("bob",), field="tenant", payload=lambda w: {"tenant": w.tenant_a.slug, "name": "new-model"},
+       done=lambda w, body: Model.objects.filter(pk=body["id"], tenant=w.tenant_a).exists()),
+    Op("model", "update", "PUT", "models/{model_a}/", Model, "dave", 200, writer="role",
+       role="deployer", below=("bob",),
+       payload=lambda w: {"name": "model-a", "description": "changed"},
+       done=lambda w, body: fresh(w.model_a).description == "changed"),
+    Op("model", "partial_update", "PATCH", "models/{model_a}/", Model, "dave", 200,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {"description": "changed"},
+       done=lambda w, body: fresh(w.model_a).description == "changed"),
+    *read_ops("version", "versions", ModelVersion, ("version_a", "version_b")),
+    Op("version", "create", "POST", "versions/", ModelVersion, "dave", 201, writer="role",
+       role="deployer", below=("bob",), field="model",
+       payload=lambda w: {"model": w.model_a.pk, **VERSION_7},
+       done=lambda w, body: ModelVersion.objects.filter(model=w.model_a, version=7).exists()),
+    Op("version", "request_approval", "POST", "versions/{version_a}/request-approval/",
+       ModelVersion, "dave", 200, writer="role", role="deployer", below=("bob",),
+       payload=lambda w: {}, done=lambda w, body: body["status"] == "pending_approval"),
+    Op("version", "approve", "POST", "versions/{pending_a}/approve/", ModelVersion, "erin", 200,
+       writer="role", role="approver", below=("dave", "bob"),
+       payload=lambda w: {"reason": "benchmarks are fine"},
+       done=lambda w, body: fresh(w.pending_a).status == "approved"),
+    Op("version", "reject", "POST", "versions/{pending_a}/reject/", ModelVersion, "erin", 200,
+       writer="role", role="approver", below=("dave", "bob"),
+       payload=lambda w: {"reason": "p99 regressed"},
+       done=lambda w, body: fresh(w.pending_a).status == "rejected"),
+    Op("version", "archive", "POST", "versions/{version_a}/archive/", ModelVersion, "erin", 200,
+       writer="role", role="approver", below=("dave", "bob"), payload=lambda w: {},
+       done=lambda w, body: fresh(w.version_a).status == "archived"),
+    *read_ops("alias", "aliases", Alias, ("alias_a", "alias_b")),
+    # POST sets an alias (create or move) and answers 200 either way.
+    Op("alias", "create", "POST", "aliases/", Alias, "dave", 200, writer="role", role="deployer",
+       below=("bob",), field="model",
+       payload=lambda w: {"model": w.model_a.pk, "name": "canary", "version": w.version_a.version},
+       done=lambda w, body: Alias.objects.filter(model=w.model_a, name="canary").exists()),
+    Op("alias", "update", "PUT", "aliases/{alias_a}/", Alias, "dave", 200, writer="role",
+       role="deployer", below=("bob",),
+       payload=lambda w: {"model": w.model_a.pk, "name": "staging", "version": w.spare_a.version},
+       done=lambda w, body: fresh(w.alias_a).version_id == w.spare_a.pk),
+    Op("alias", "partial_update", "PATCH", "aliases/{alias_a}/", Alias, "dave", 200,
+       writer="role", role="deployer", below=("bob",),
+       payload=lambda w: {"version": w.spare_a.version},
+       done=lambda w, body: fresh(w.alias_a).version_id == w.spare_a.pk),
+    Op("alias", "destroy", "DELETE", "aliases/{alias_a}/", Alias, "dave", 204, writer="role",
+       role="deployer", below=("bob",), done=lambda w, body: gone(w.alias_a)),
+    # --- deployments
+    Op("deployment", "list", "GET", "deployments/", Deployment, "bob", 200,
+       rows=("deployment_a", "deployment_b"), broken_for=("bob", OTHER)),
+    Op("deployment", "retrieve", "GET", "deployments/{deployment_a}/", Deployment, "bob", 200,
+       broken_for=("bob",)),
+    Op("deployment", "create", "POST", "deployments/", Deployment, "dave", 201, writer="role",
+       role="deployer", below=("bob",), field="model", broken_for=("dave",),
+       payload=lambda w: {"model": w.model_a.pk, "name": "new-dep", "cluster": w.cluster.name},
+       done=lambda w, body: Deployment.objects.filter(tenant=w.tenant_a, name="new-dep").exists()),
+    Op("deployment", "update", "PUT", "deployments/{deployment_a}/", Deployment, "dave", 200,
+       writer="role", role="deployer", below=("bob",), broken_for=("dave",),
+       payload=lambda w: {"model": w.model_a.pk, "name": "dep-a", "cluster": w.cluster.name,
+                          "description": "changed"},
+       done=lambda w, body: fresh(w.deployment_a).description == "changed"),
+    Op("deployment", "partial_update", "PATCH", "deployments/{deployment_a}/", Deployment, "dave",
+       200, writer="role", role="deployer", below=("bob",), broken_for=("dave",),
+       payload=lambda w: {"description": "changed"},
+       done=lambda w, body: fresh(w.deployment_a).description == "changed"),
+    # Deleting a deployment needs the admin role: deployers create and edit only.
+    Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
+       writer="role", role="admin", below=("erin", "dave", "bob"),
+       done=lambda w, body: gone(w.deployment_a)),
+]
+
+
+def routed_endpoints() -> set[tuple[str, str, str]]:
+    """(basename, action, HTTP method) for every route the two API routers serve."""
+    found = set()
+    for router in (fleet_router, rollouts_router):
+        for _prefix, viewset, basename in router.registry:
+            for route in router.get_routes(viewset):
+                for method, action in route.mapping.items():
+                    if hasattr(viewset, action):
+                        found.add((basename, action, method.upper()))
+    return found
+
+
+def test_the_matrix_covers_every_routed_endpoint():
+    covered = {(op.basename, op.action, op.method) for op in OPS}
+    assert covered == routed_endpoints()
+    assert len(covered) == len(OPS), "an endpoint is listed twice"
+
+
+def cases() -> list[Any]:
+    params = []
+    for op in OPS:
+        for caller, status in op.expectations():
+            marks = [DEPLOYMENT_RENDER_BUG] if caller in op.broken_for else []
+            params.append(pytest.param(op, caller, status, marks=marks,
+                                       id=f"{op.basename}-{op.action}-{caller}-{status}"))
+    return params
+
+
+def table_state(op: Op) -> tuple[list[dict[str, Any]], int]:
+    """Every row of the endpoint's table, and how many audit events exist."""
+    rows = list(op.model._base_manager.order_by("pk").values())
+    return rows, AuditEvent.objects.count()
+
+
+@pytest.mark.parametrize(("op", "caller", "status"), cases())
+def test_tenancy(world, op, caller, status):
+    url = op.url(world)
+    payload = op.payload(world) if op.payload else None
+    mine, theirs = (getattr(world, name) if name else None for name in op.rows or (None, None))
+    client = world.client(caller)
+    before = table_state(op)
+
+    response = getattr(client, op.method.lower())(url, payload, format="json")
+
+    assert response.status_code == status, response.content
+    body = response.json() if response.content else None
+    if status >= 400:
+        # A refused call changes nothing, and records nothing.
+        assert table_state(op) == before
+    if status == 401:
+        assert body == {"detail": "Authentication credentials were not provided."}
+        assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+    elif status == 403:
+        expected = (
+            "only platform admins may change" if op.writer == "platform"
+            else f"this needs the {op.role} role in the tenant"
+        )
+        assert expected in body["detail"]
+    elif status == 404:
+        assert body["detail"].startswith("No ")
+        assert body["detail"].endswith("matches the given query.")
+    elif status == 400:
+        assert list(body) == [op.field], body
+    elif op.action == "list":
+        ids = {row["id"] for row in body["results"]}
+        if caller == LONER:
+            assert body["count"] == 0
+        elif op.scope == "fleet":
+            assert mine.pk in ids
+        elif caller == OTHER:
+            assert theirs.pk in ids
+            assert mine.pk not in ids
+        else:
+            assert mine.pk in ids
+            assert theirs.pk not in ids
+    elif op.action == "retrieve":
+        assert body["id"] == op.target(world).pk
+    if 200 <= status < 300 and caller == op.own and op.done is not None:
+        assert op.done(world, body)
