@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from fleet.models import APIToken, Membership, Tenant
 from fleet.tenancy import require_role
 
 TOKEN_PREFIX = "sy_"
+TOKEN_RE = re.compile(r"^sy_(?P<prefix>[0-9a-f]{8})_(?P<secret>[A-Za-z0-9_-]{20,})$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
@@ -69,10 +71,11 @@ def issue(
 def authenticate(raw: str) -> tuple[APIToken | None, str]:
     """Return (token, "") for a valid token, else (None, why) without saying which part failed
     beyond what the holder of the token may know (expired or revoked)."""
-    parts = raw.split("_")
-    if len(parts) != 3 or not raw.startswith(TOKEN_PREFIX) or len(parts[1]) != 8:
+    # The secret part is URL-safe base64 and may itself contain "_": split by position.
+    match = TOKEN_RE.match(raw)
+    if match is None:
         return None, "malformed token"
-    token = APIToken.objects.select_related("tenant").filter(prefix=parts[1]).first()
+    token = APIToken.objects.select_related("tenant").filter(prefix=match["prefix"]).first()
     if token is None or not hmac.compare_digest(token.digest, _digest(raw)):
         return None, "invalid token"
     if token.is_revoked:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from django import template
@@ -65,3 +66,9 @@ def get_item(mapping: dict, key: str) -> object:
 def verb(value: str) -> str:
     """'requested_approval' → 'requested approval'."""
     return value.replace("_", " ")
+
+
+@register.filter
+def as_json(value: object) -> str:
+    """Indented JSON, for showing configs as users write them."""
+    return json.dumps(value, indent=2, sort_keys=True)

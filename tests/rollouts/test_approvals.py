@@ -1,0 +1,379 @@
+"""Version approval: request, approve, reject, archive; four-eyes; people decide, not tokens.
+
+Tested twice: on the domain module ``rollouts.approvals`` and over the API, which must give
+the same answers as HTTP statuses (403 role or four-eyes, 409 illegal transition naming
+``status``, 400 naming ``reason``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from types import SimpleNamespace
+
+import pytest
+from django.core.exceptions import PermissionDenied
+
+from fleet import tokens
+from fleet.errors import Conflict, DomainError
+from fleet.models import AuditEvent, Membership
+from fleet.tenancy import TokenUser
+from rollouts import approvals
+from rollouts.models import ModelVersion
+from tests.factories import ModelFactory, ModelVersionFactory
+
+Role = Membership.Role
+Status = ModelVersion.Status
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def secrets_without_underscores(monkeypatch):
+    """fleet/tokens.py refuses about half of all secrets (those with '_'): see
+    tests/api/test_tokens.py. Keep the token tests here deterministic meanwhile."""
+    monkeypatch.setattr(tokens, "secrets", SimpleNamespace(
+        token_hex=secrets.token_hex,
+        token_urlsafe=lambda n: secrets.token_urlsafe(n).replace("_", "x"),
+    ))
+
+
+@pytest.fixture
+def version(tenant_a) -> ModelVersion:
+    return ModelVersionFactory(model=ModelFactory(tenant=tenant_a, name="resnet"), version=1)
+
+
+def stored(version: ModelVersion) -> ModelVersion:
+    return ModelVersion.objects.get(pk=version.pk)
+
+
+def url(version: ModelVersion, action: str) -> str:
+    return f"/api/v1/versions/{version.pk}/{action}/"
+
+
+# --- domain: rollouts.approvals ------------------------------------------------------------------
+
+
+def test_a_deployer_requests_approval(dave, version):
+    approvals.request_approval(dave, version, reason="ready for prod")
+
+    row = stored(version)
+    assert row.status == Status.PENDING_APPROVAL
+    assert row.approval_requested_by == dave
+    assert row.approval_requested_by_token is None
+    [event] = AuditEvent.objects.filter(verb="requested_approval")
+    assert (event.actor_label, event.before, event.after, event.reason) == (
+        "dave", {"status": "registered"}, {"status": "pending_approval"}, "ready for prod"
+    )
+
+
+def test_a_deployer_cannot_approve_for_lack_of_the_approver_role(dave, version):
+    approvals.request_approval(dave, version)
+
+    with pytest.raises(PermissionDenied, match="needs the approver role in the tenant; you have deployer"):
+        approvals.approve(dave, stored(version))
+
+    assert stored(version).status == Status.PENDING_APPROVAL
+
+
+def test_an_approver_cannot_approve_her_own_request(erin, version):
+    approvals.request_approval(erin, version)
+
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        approvals.approve(erin, stored(version))
+
+    assert stored(version).status == Status.PENDING_APPROVAL
+    assert not AuditEvent.objects.filter(verb="approved").exists()
+
+
+def test_another_approver_or_an_admin_approves(alice, erin, version):
+    approvals.request_approval(erin, version)
+
+    approvals.approve(alice, stored(version), reason="benchmarks fine")
+
+    row = stored(version)
+    assert row.status == Status.APPROVED
+    assert row.decided_by == alice
+    assert row.status_reason == "benchmarks fine"
+
+
+def test_four_eyes_holds_for_platform_admins_too(root, erin, version):
+    approvals.request_approval(root, version)
+
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        approvals.approve(root, stored(version))
+    approvals.approve(erin, stored(version))
+
+    assert stored(version).status == Status.APPROVED
+
+
+def test_who_made_the_requesting_token_cannot_approve(alice, erin, tenant_a, version):
+    """GIVEN a CI token made by alice requests approval
+    THEN alice may not approve it (she asked, through her token) but erin may."""
+    issued = tokens.issue(alice, tenant_a, "ci", Role.DEPLOYER)
+    approvals.request_approval(TokenUser(issued.token), version)
+    assert stored(version).approval_requested_by_token == issued.token
+
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        approvals.approve(alice, stored(version))
+    approvals.approve(erin, stored(version))
+
+    assert stored(version).status == Status.APPROVED
+
+
+def test_a_token_cannot_decide_even_with_the_approver_role(alice, dave, tenant_a, version):
+    issued = tokens.issue(alice, tenant_a, "approver-bot", Role.APPROVER)
+    approvals.request_approval(dave, version)
+
+    for decide in (approvals.approve, approvals.reject):
+        with pytest.raises(PermissionDenied, match="decided by people"):
+            decide(TokenUser(issued.token), stored(version), "automated")
+
+    assert stored(version).status == Status.PENDING_APPROVAL
+
+
+def test_approving_an_approved_version_is_a_conflict_naming_status(alice, dave, version):
+    approvals.request_approval(dave, version)
+    approvals.approve(alice, stored(version))
+
+    with pytest.raises(Conflict) as refused:
+        approvals.approve(alice, stored(version))
+
+    assert refused.value.field == "status"
+    assert refused.value.status_code == 409
+    assert "already approved" in refused.value.message
+
+
+def test_approving_a_merely_registered_version_is_a_conflict_naming_status(erin, version):
+    with pytest.raises(Conflict) as refused:
+        approvals.approve(erin, version)
+
+    assert refused.value.field == "status"
+    assert refused.value.message == "a registered version cannot become approved"
+    assert stored(version).status == Status.REGISTERED
+
+
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_rejecting_needs_a_reason(dave, erin, version, reason):
+    approvals.request_approval(dave, version)
+
+    with pytest.raises(DomainError) as refused:
+        approvals.reject(erin, stored(version), reason)
+
+    assert refused.value.field == "reason"
+    assert refused.value.status_code == 400
+    assert stored(version).status == Status.PENDING_APPROVAL
+
+
+def test_an_approver_rejects_with_a_reason_that_the_audit_log_keeps(dave, erin, version):
+    approvals.request_approval(dave, version)
+
+    approvals.reject(erin, stored(version), "p99 regressed by 40%")
+
+    row = stored(version)
+    assert (row.status, row.status_reason, row.decided_by) == (
+        Status.REJECTED, "p99 regressed by 40%", erin
+    )
+    [event] = AuditEvent.objects.filter(verb="rejected")
+    assert (event.actor_label, event.reason, event.after) == (
+        "erin", "p99 regressed by 40%", {"status": "rejected"}
+    )
+
+
+@pytest.mark.parametrize("decide", ["approve", "reject"])
+def test_a_decided_version_can_be_archived(alice, dave, erin, version, decide):
+    approvals.request_approval(dave, version)
+    getattr(approvals, decide)(alice, stored(version), "decided")
+
+    approvals.archive(erin, stored(version), reason="superseded by v2")
+
+    assert stored(version).status == Status.ARCHIVED
+    assert AuditEvent.objects.get(verb="archived").reason == "superseded by v2"
+
+
+def test_a_registered_version_can_be_archived_but_a_pending_one_cannot(dave, erin, tenant_a,
+                                                                       version):
+    approvals.archive(erin, version)
+    pending = ModelVersionFactory(model=version.model, version=2)
+    approvals.request_approval(dave, pending)
+
+    with pytest.raises(Conflict, match="a pending_approval version cannot become archived"):
+        approvals.archive(erin, stored(pending))
+
+    assert stored(version).status == Status.ARCHIVED
+    assert stored(pending).status == Status.PENDING_APPROVAL
+
+
+def test_an_archived_version_goes_nowhere(dave, erin, version):
+    approvals.archive(erin, version)
+
+    with pytest.raises(Conflict, match=r"an? archived version cannot become pending_approval"):
+        approvals.request_approval(dave, stored(version))
+
+
+def test_archiving_needs_the_approver_role(dave, version):
+    with pytest.raises(PermissionDenied, match="needs the approver role"):
+        approvals.archive(dave, version)
+
+
+def test_a_viewer_cannot_request_approval(bob, version):
+    with pytest.raises(PermissionDenied, match="needs the deployer role in the tenant; you have viewer"):
+        approvals.request_approval(bob, version)
+
+    assert stored(version).status == Status.REGISTERED
+
+
+# --- over the API ------------------------------------------------------------------------------
+
+
+def test_api_request_then_the_requester_cannot_approve_and_another_can(client_for, erin, alice,
+                                                                       version):
+    requested = client_for(erin).post(url(version, "request-approval"), {"reason": "ready"})
+    own = client_for(erin).post(url(version, "approve"))
+    other = client_for(alice).post(url(version, "approve"), {"reason": "looks good"})
+
+    assert requested.status_code == 200
+    assert requested.json()["status"] == "pending_approval"
+    assert own.status_code == 403
+    assert "four-eyes" in own.json()["detail"]
+    assert other.status_code == 200
+    assert other.json()["status"] == "approved"
+    assert other.json()["status_reason"] == "looks good"
+
+
+def test_api_a_deployer_requests_but_cannot_approve(client_for, dave, version):
+    client = client_for(dave)
+
+    requested = client.post(url(version, "request-approval"))
+    approve = client.post(url(version, "approve"))
+
+    assert requested.status_code == 200
+    assert approve.status_code == 403
+    assert approve.json() == {
+        "detail": "this needs the approver role in the tenant; you have deployer"
+    }
+    assert stored(version).status == Status.PENDING_APPROVAL
+
+
+def test_api_whoever_made_the_requesting_token_cannot_approve(token_client, client_for, alice,
+                                                              erin, tenant_a, version):
+    ci = token_client(tenant_a, Role.DEPLOYER)  # conftest: tenant A tokens are made by alice
+
+    requested = ci.post(url(version, "request-approval"))
+    by_alice = client_for(alice).post(url(version, "approve"))
+    by_erin = client_for(erin).post(url(version, "approve"))
+
+    assert requested.status_code == 200, requested.json()
+    assert by_alice.status_code == 403
+    assert "four-eyes" in by_alice.json()["detail"]
+    assert by_erin.status_code == 200
+    assert stored(version).decided_by == erin
+
+
+def test_api_registering_with_request_approval_makes_the_registrant_the_requester(
+    client_for, dave, erin, alice, tenant_a
+):
+    model = ModelFactory(tenant=tenant_a, name="bert")
+    registered = client_for(erin).post("/api/v1/versions/", {
+        "model": model.pk, "version": 1, "artifact_uri": "s3://models/bert/1.tar.gz",
+        "sha256": "c" * 64, "size_bytes": 1, "runtime": "vllm", "request_approval": True,
+    })
+    version = ModelVersion.objects.get(pk=registered.json()["id"])
+
+    own = client_for(erin).post(url(version, "approve"))
+    other = client_for(alice).post(url(version, "approve"))
+
+    assert registered.status_code == 201, registered.json()
+    assert registered.json()["status"] == "pending_approval"
+    assert own.status_code == 403
+    assert "four-eyes" in own.json()["detail"]
+    assert other.status_code == 200
+
+
+def test_api_a_token_cannot_approve(token_client, dave, tenant_a, version):
+    approvals.request_approval(dave, version)
+
+    response = token_client(tenant_a, Role.APPROVER).post(url(version, "approve"))
+
+    assert response.status_code == 403
+    assert response.json() == {
+        "detail": "approvals are decided by people: log in to the console to decide"
+    }
+
+
+def test_api_approving_twice_is_a_409_naming_status(client_for, dave, erin, version):
+    approvals.request_approval(dave, version)
+    client = client_for(erin)
+    assert client.post(url(version, "approve")).status_code == 200
+
+    again = client.post(url(version, "approve"))
+
+    assert again.status_code == 409
+    assert again.json() == {"status": ["version 1 is already approved"]}
+
+
+def test_api_approving_a_registered_version_is_a_409_naming_status(client_for, erin, version):
+    response = client_for(erin).post(url(version, "approve"))
+
+    assert response.status_code == 409
+    assert response.json() == {"status": ["a registered version cannot become approved"]}
+
+
+@pytest.mark.parametrize("payload", [{}, {"reason": ""}, {"reason": "  "}])
+def test_api_rejecting_without_a_reason_is_a_400_naming_reason(client_for, dave, erin, version,
+                                                              payload):
+    approvals.request_approval(dave, version)
+
+    response = client_for(erin).post(url(version, "reject"), payload)
+
+    assert response.status_code == 400
+    assert response.json() == {"reason": ["say why the version is rejected"]}
+    assert stored(version).status == Status.PENDING_APPROVAL
+
+
+def test_api_an_approver_rejects_and_the_reason_is_audited(client_for, dave, erin, bob, version):
+    approvals.request_approval(dave, version)
+
+    response = client_for(erin).post(url(version, "reject"), {"reason": "accuracy dropped"})
+    log = client_for(bob).get("/api/v1/audit-events/", {"verb": "rejected"})
+
+    assert response.status_code == 200
+    assert response.json()["status"] == "rejected"
+    assert response.json()["status_reason"] == "accuracy dropped"
+    [event] = log.json()["results"]
+    assert (event["actor_label"], event["reason"], event["object_id"]) == (
+        "erin", "accuracy dropped", str(version.pk)
+    )
+
+
+def test_api_archive_after_approve(client_for, dave, erin, version):
+    approvals.request_approval(dave, version)
+    client = client_for(erin)
+    client.post(url(version, "approve"))
+
+    response = client.post(url(version, "archive"), {"reason": "superseded"})
+
+    assert response.status_code == 200
+    assert response.json()["status"] == "archived"
+    assert response.json()["status_reason"] == "superseded"
+
+
+def test_api_a_viewer_cannot_request_approval(client_for, bob, version):
+    response = client_for(bob).post(url(version, "request-approval"))
+
+    assert response.status_code == 403
+    assert response.json() == {
+        "detail": "this needs the deployer role in the tenant; you have viewer"
+    }
+    assert stored(version).status == Status.REGISTERED
+
+
+def test_api_another_tenant_cannot_decide_at_all(client_for, charlie, dave, version):
+    approvals.request_approval(dave, version)
+
+    response = client_for(charlie).post(url(version, "approve"))
+
+    assert response.status_code == 404
+    assert stored(version).status == Status.PENDING_APPROVAL
