@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -26,6 +27,10 @@ from fleet.tenancy import role_in
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Runs the model's ``full_clean()`` too, so model invariants answer 400 naming the field."""
 
+    def get_validators(self) -> list[Any]:
+        # Uniqueness is checked by full_clean() below, which can name the field at fault.
+        return []
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         m2m = {f.name for f in self.Meta.model._meta.many_to_many}
@@ -37,8 +42,23 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         try:
             instance.full_clean(exclude=exclude, validate_unique=True)
         except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.message_dict) from None
+            raise serializers.ValidationError(_name_fields(exc)) from None
         return attrs
+
+
+def _name_fields(exc: DjangoValidationError) -> dict[str, list[str]]:
+    """Model errors keyed by field; a unique-together clash is put on its last field (the one
+    the caller chose, e.g. ``name`` in (tenant, name)) instead of ``__all__``."""
+    named: dict[str, list[str]] = {}
+    for field, errors in exc.error_dict.items():
+        for error in errors:
+            key = field
+            unique = error.code in ("unique", "unique_together")
+            check = (error.params or {}).get("unique_check") if unique else None
+            if field == NON_FIELD_ERRORS and check:
+                key = check[-1]
+            named.setdefault(key, []).extend(error.messages)
+    return named
 
 
 class TenantField(serializers.SlugRelatedField):

@@ -113,11 +113,18 @@ class AliasSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class ServerNamesField(serializers.ListField):
+    """Server names in, server names out (the model holds a many-to-many of servers)."""
+
+    def to_representation(self, data: Any) -> list[str]:
+        return sorted(server.name for server in data.all())
+
+
 class DeploymentSerializer(ValidatedModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
     cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
-    servers = serializers.ListField(
+    servers = ServerNamesField(
         child=serializers.CharField(), required=False,
         help_text="Names of the cluster's inference servers that carry this deployment",
     )
@@ -155,8 +162,3 @@ class DeploymentSerializer(ValidatedModelSerializer):
                 )
             attrs["servers"] = list(found.values())
         return attrs
-
-    def to_representation(self, instance: Deployment) -> dict[str, Any]:
-        data = super().to_representation(instance)
-        data["servers"] = sorted(s.name for s in instance.servers.all())
-        return data
