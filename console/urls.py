@@ -4,11 +4,15 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
 
 from fleet.api.urls import router as fleet_router
 from rollouts.api.urls import router as rollouts_router
 
-api_v1 = [*fleet_router.urls, *rollouts_router.urls]
+# One router, so the /api/v1/ index lists every endpoint.
+api_router = DefaultRouter()
+api_router.registry.extend([*fleet_router.registry, *rollouts_router.registry])
+api_v1 = api_router.urls
 
 urlpatterns = [
     path("", include("console.urls_console")),

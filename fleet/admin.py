@@ -1,7 +1,12 @@
 """Django admin for platform admins: the fleet, tenants, memberships and quotas."""
 
-from django.contrib import admin
+from typing import Any
 
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest
+
+from fleet import audit
 from fleet.models import (
     GPU,
     APIToken,
@@ -16,6 +21,42 @@ from fleet.models import (
 )
 
 
+def _tenant_of(obj: models.Model) -> Tenant | None:
+    tenant = getattr(obj, "tenant", None)
+    return tenant if isinstance(tenant, Tenant) else obj if isinstance(obj, Tenant) else None
+
+
+class AuditedAdmin(admin.ModelAdmin):
+    """Changes made in the admin reach the audit log like every other change."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        fields = [f for f in form.changed_data if f in {x.name for x in obj._meta.concrete_fields}]
+        before = {}
+        if change and fields:
+            before = audit.snapshot(type(obj).objects.get(pk=obj.pk), fields)
+        super().save_model(request, obj, form, change)
+        if fields or not change:
+            audit.record(
+                request.user, "updated" if change else "created", obj, tenant=_tenant_of(obj),
+                before=before, after=audit.snapshot(obj, fields), reason="changed in the admin",
+            )
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        formset.save()
+        why = "changed in the admin"
+        for obj in formset.new_objects:
+            audit.record(request.user, "created", obj, tenant=_tenant_of(obj), reason=why)
+        for obj, fields in formset.changed_objects:
+            audit.record(request.user, "updated", obj, tenant=_tenant_of(obj),
+                         after=audit.snapshot(obj, fields), reason=why)
+        for obj in formset.deleted_objects:
+            audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj), reason=why)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj), reason="deleted in the admin")
+        super().delete_model(request, obj)
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 1
@@ -28,14 +69,14 @@ class QuotaInline(admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(AuditedAdmin):
     list_display = ["slug", "name", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline]
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(AuditedAdmin):
     list_display = ["user", "tenant", "role"]
     list_filter = ["role", "tenant"]
     autocomplete_fields = ["user", "tenant"]
@@ -54,7 +95,7 @@ class APITokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quota)
-class QuotaAdmin(admin.ModelAdmin):
+class QuotaAdmin(AuditedAdmin):
     list_display = ["tenant", "device_class", "units", "memory_mib", "updated_at"]
     list_filter = ["device_class"]
 
@@ -65,7 +106,7 @@ class NodeInline(admin.TabularInline):
 
 
 @admin.register(Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(AuditedAdmin):
     list_display = ["name", "kind", "description", "last_synced_at"]
     inlines = [NodeInline]
 
@@ -77,20 +118,20 @@ class GPUInline(admin.TabularInline):
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(AuditedAdmin):
     list_display = ["name", "cluster", "hostname", "cpu_cores", "memory_mib"]
     list_filter = ["cluster"]
     inlines = [GPUInline]
 
 
 @admin.register(GPU)
-class GPUAdmin(admin.ModelAdmin):
+class GPUAdmin(AuditedAdmin):
     list_display = ["uuid", "node", "index", "model", "device_class", "memory_mib", "mig_profile"]
     list_filter = ["device_class"]
 
 
 @admin.register(InferenceServer)
-class InferenceServerAdmin(admin.ModelAdmin):
+class InferenceServerAdmin(AuditedAdmin):
     list_display = ["name", "cluster", "runtime", "http_url", "health", "last_seen_at"]
     list_filter = ["runtime", "health", "cluster"]
     readonly_fields = [

@@ -59,7 +59,9 @@ def record_probe(server_id: int, probe: ServerProbe) -> InferenceServer | None:
             for m in probe.models
         ]
     else:
+        # What an unreachable server had loaded is unknown now: show nothing rather than stale.
         server.consecutive_failures += 1
+        server.reported_models = []
     server.save(
         update_fields=[
             "health", "health_detail", "last_checked_at", "probe_latency_ms", "last_seen_at",

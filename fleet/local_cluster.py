@@ -161,4 +161,6 @@ def down() -> bool:
     pid = int(paths.pidfile.read_text().strip() or 0)
     stopped = bool(pid) and triton_local.stop_pid(pid)
     paths.pidfile.unlink(missing_ok=True)
+    # After a hard kill nothing is left to stop, but its shared-memory files may be.
+    triton_local.remove_stale_shm_files()
     return stopped

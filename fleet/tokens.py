@@ -16,10 +16,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet import audit
-from fleet.errors import Conflict
+from fleet.errors import Conflict, DomainError
 from fleet.models import APIToken, Membership, Tenant
 from fleet.tenancy import require_role
 
@@ -49,7 +50,12 @@ def issue(
     require_role(actor, tenant, Membership.Role.ADMIN)
     if expires_at is not None and expires_at <= timezone.now():
         raise Conflict("expiry must be in the future", field="expires_at")
-    if APIToken.objects.filter(tenant=tenant, name=name, revoked_at__isnull=True).exists():
+    if not name or len(name) > 100:
+        raise DomainError("give the token a name of 1 to 100 characters", field="name")
+    active = APIToken.objects.filter(tenant=tenant, name=name, revoked_at__isnull=True).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+    )
+    if active.exists():
         raise Conflict(f"an active token named {name!r} already exists", field="name")
     prefix = secrets.token_hex(4)
     while APIToken.objects.filter(prefix=prefix).exists():  # pragma: no cover - 1 in 4 billion

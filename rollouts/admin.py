@@ -2,6 +2,7 @@
 
 from django.contrib import admin
 
+from fleet.admin import AuditedAdmin
 from rollouts.models import Alias, Deployment, Model, ModelVersion
 
 
@@ -18,7 +19,7 @@ class VersionInline(admin.TabularInline):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(AuditedAdmin):
     list_display = ["name", "tenant", "created_at"]
     list_filter = ["tenant"]
     search_fields = ["name"]
@@ -35,11 +36,11 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Alias)
-class AliasAdmin(admin.ModelAdmin):
+class AliasAdmin(AuditedAdmin):
     list_display = ["model", "name", "version", "updated_at"]
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(AuditedAdmin):
     list_display = ["name", "tenant", "model", "cluster", "production", "slo_p99_ms", "slo_error_rate"]
     list_filter = ["tenant", "production"]

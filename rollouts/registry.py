@@ -94,6 +94,13 @@ def register_version(
 def set_alias(actor: Any, model: Model, name: str, version: ModelVersion, reason: str = "") -> Alias:
     """Point ``name`` at ``version`` (create or move). Setting it to where it is changes nothing."""
     require_role(actor, model.tenant, Membership.Role.DEPLOYER)
+    try:
+        return _set_alias(actor, model, name, version, reason)
+    except IntegrityError:  # a concurrent request created the alias first: move it instead
+        return _set_alias(actor, model, name, version, reason)
+
+
+def _set_alias(actor: Any, model: Model, name: str, version: ModelVersion, reason: str) -> Alias:
     with transaction.atomic():
         alias = Alias.objects.select_for_update().filter(model=model, name=name).first()
         before = {"version": alias.version.version} if alias else {}

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
 
 from fleet.tenancy import FleetQuerySet
 
 from .tenancy import slug_validator
+
+# Service URLs inside a cluster often use single-label host names (http://triton:8000 in
+# compose, http://svc.ns:8000 in Kubernetes), which Django's URLValidator refuses.
+service_url_validator = RegexValidator(
+    r"^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?(/\S*)?$",
+    "must be an http:// or https:// URL such as http://triton:8000",
+)
 
 
 class Cluster(models.Model):
@@ -107,9 +115,9 @@ class InferenceServer(models.Model):
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="servers")
     name = models.CharField(max_length=64, validators=[slug_validator])
     runtime = models.CharField(max_length=16, choices=Runtime.choices)
-    http_url = models.URLField()
+    http_url = models.CharField(max_length=300, validators=[service_url_validator])
     grpc_url = models.CharField(max_length=255, blank=True, help_text="host:port")
-    metrics_url = models.URLField(blank=True)
+    metrics_url = models.CharField(max_length=300, blank=True, validators=[service_url_validator])
     model_repository = models.CharField(
         max_length=500, blank=True, help_text="Model repository folder (local and static clusters)"
     )

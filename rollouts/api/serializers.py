@@ -103,6 +103,11 @@ class AliasSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         model = attrs.get("model") or self.instance.model
+        if "version" not in attrs:
+            if self.instance is None:
+                raise serializers.ValidationError({"version": "this field is required"})
+            attrs["model_version"] = self.instance.version
+            return attrs
         number = attrs.pop("version")["version"]
         version = ModelVersion.objects.filter(model=model, version=number).first()
         if version is None:

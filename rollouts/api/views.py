@@ -34,7 +34,7 @@ class ModelViewSet(
 
     queryset = Model.objects.select_related("tenant").prefetch_related(
         Prefetch("aliases", queryset=Alias.objects.select_related("version"))
-    ).annotate(latest_version=Max("versions__version"))
+    ).annotate(latest_version=Max("versions__version")).order_by("tenant__slug", "name")
     serializer_class = s.ModelSerializer
     filterset_fields = {"tenant__slug": ["exact"], "name": ["exact", "icontains"]}
 
@@ -141,10 +141,12 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        existed = Alias.objects.filter(model=data["model"], name=data["name"]).exists()
         alias = registry.set_alias(
             request.user, data["model"], data["name"], data["model_version"], data["reason"]
         )
-        return Response(self.get_serializer(alias).data, status=status.HTTP_200_OK)
+        code = status.HTTP_200_OK if existed else status.HTTP_201_CREATED
+        return Response(self.get_serializer(alias).data, status=code)
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         alias = self.get_object()

@@ -26,16 +26,6 @@ from tests.factories import (
     ModelVersionFactory,
 )
 
-DEPLOYMENT_RENDER_BUG = pytest.mark.xfail(
-    reason=(
-        "BUG: rollouts/api/serializers.py:120 DeploymentSerializer.servers is a ListField, so "
-        "super().to_representation() iterates a ManyRelatedManager: every response that "
-        "renders a deployment is a 500 (TypeError)"
-    ),
-    raises=TypeError,
-    strict=True,
-)
-
 SHA_1 = "1" * 64
 SHA_2 = "2" * 64
 
@@ -439,7 +429,7 @@ def test_an_alias_cannot_be_renamed(client_for, dave, model_a):
         "BUG: rollouts/api/serializers.py:106 AliasSerializer.validate() does "
         "attrs.pop('version') unconditionally, so a PATCH without 'version' (e.g. only a "
         "reason) raises KeyError -> 500; fall back to self.instance.version on partial updates "
-        "(and rollouts/api/views.py:157 reads data['model_version'] the same way)"
+        "(and rollouts/api/views.py:158 reads data['model_version'] the same way)"
     ),
     raises=KeyError,
     strict=True,
@@ -479,7 +469,6 @@ def cluster(db) -> Cluster:
     return cluster
 
 
-@DEPLOYMENT_RENDER_BUG
 def test_a_deployment_is_created_with_its_slo(client_for, dave, model_a, cluster):
     response = client_for(dave).post("/api/v1/deployments/", {
         "name": "resnet-prod", "model": model_a.pk, "cluster": "gpu-east", "production": True,
@@ -492,7 +481,6 @@ def test_a_deployment_is_created_with_its_slo(client_for, dave, model_a, cluster
     assert body["servers"] == ["triton-1"]
 
 
-@DEPLOYMENT_RENDER_BUG
 def test_a_deployment_without_servers_gets_all_of_its_clusters_servers(client_for, dave, model_a,
                                                                        cluster):
     InferenceServerFactory(cluster=ClusterFactory(name="elsewhere"), name="triton-9")
@@ -552,16 +540,6 @@ def test_an_invalid_deployment_is_refused_naming_the_field(client_for, dave, mod
     assert not Deployment.objects.exists()
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: fleet/api/serializers.py:36-40 ValidatedModelSerializer runs full_clean() with "
-        "constraint validation, so a duplicate deployment name is refused as 400 "
-        "{'__all__': ['Deployment with this Tenant and Name already exists.']}: the field is "
-        "not named and '__all__' is not DRF's 'non_field_errors'. The domain's Conflict(field="
-        "'name') in rollouts/deployments.py:53 is unreachable from the API"
-    ),
-    strict=True,
-)
 def test_a_duplicate_deployment_name_is_refused_naming_name(client_for, dave, model_a, cluster):
     DeploymentFactory(model=model_a, cluster=cluster, name="resnet")
 
@@ -569,9 +547,49 @@ def test_a_duplicate_deployment_name_is_refused_naming_name(client_for, dave, mo
         "/api/v1/deployments/", {"name": "resnet", "model": model_a.pk, "cluster": "gpu-east"}
     )
 
-    assert response.status_code in (400, 409)
-    assert list(response.json()) == ["name"], response.json()
+    assert response.status_code == 400
+    assert response.json() == {"name": ["Deployment with this Tenant and Name already exists."]}
     assert Deployment.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"name": "bert"}, {"name": ["Deployment with this Tenant and Name already exists."]}),
+        ({"servers": ["triton-9"]}, {"servers": ["cluster gpu-east has no server named triton-9"]}),
+        ({"model": "<other model>"}, {"model": ["a deployment's model cannot change"]}),
+    ],
+    ids=["name-clash", "foreign-server", "model-change"],
+)
+def test_an_invalid_deployment_change_is_refused_naming_the_field(client_for, dave, model_a,
+                                                                  tenant_a, cluster, change,
+                                                                  expected):
+    deployment = DeploymentFactory(model=model_a, cluster=cluster, name="resnet")
+    DeploymentFactory(model=model_a, cluster=cluster, name="bert")
+    InferenceServerFactory(cluster=ClusterFactory(name="elsewhere"), name="triton-9")
+    if change.get("model"):
+        change = {"model": ModelFactory(tenant=tenant_a, name="other").pk}
+
+    response = client_for(dave).patch(f"/api/v1/deployments/{deployment.pk}/", change)
+
+    assert response.status_code == 400
+    assert response.json() == expected
+    deployment.refresh_from_db()
+    assert (deployment.name, deployment.model_id) == ("resnet", model_a.pk)
+    assert not deployment.servers.exists()
+    assert not events(object_type="rollouts.deployment")
+
+
+def test_patching_a_deployments_servers_is_audited(client_for, dave, model_a, cluster):
+    deployment = DeploymentFactory(model=model_a, cluster=cluster, name="resnet")
+
+    response = client_for(dave).patch(f"/api/v1/deployments/{deployment.pk}/",
+                                      {"servers": ["triton-2"]})
+
+    assert response.status_code == 200, response.json()
+    assert response.json()["servers"] == ["triton-2"]
+    [updated] = events(verb="updated", object_type="rollouts.deployment")
+    assert (updated.actor_label, updated.after) == ("dave", {"servers": ["triton-2"]})
 
 
 def test_a_deployment_of_another_tenants_model_is_refused_naming_model(client_for, charlie,

@@ -42,16 +42,6 @@ from tests.factories import (
     UserFactory,
 )
 
-DEPLOYMENT_RENDER_BUG = pytest.mark.xfail(
-    reason=(
-        "BUG: rollouts/api/serializers.py:120 DeploymentSerializer.servers is a ListField, so "
-        "super().to_representation() iterates a ManyRelatedManager: every response that "
-        "renders a deployment is a 500 (TypeError)"
-    ),
-    raises=TypeError,
-    strict=True,
-)
-
 ANONYMOUS = "anonymous"
 LONER = "loner"  # authenticated, member of no tenant
 OTHER = "charlie"  # admin of tenant B: the highest role, so every refusal is tenancy's
@@ -224,7 +214,6 @@ class Op:
     rows: tuple[str, str | None] | None = None  # list: (tenant A's row, tenant B's row)
     field: str | None = None  # a foreign create is refused naming this field
     done: Callable[[World, Any], bool] | None = None  # the success left this effect
-    broken_for: tuple[str, ...] = ()  # callers hit by DEPLOYMENT_RENDER_BUG
 
     def target(self, world: World) -> models.Model | None:
         if "{" not in self.path:
@@ -414,20 +403,19 @@ OPS: list[Op] = [
        role="deployer", below=("bob",), done=lambda w, body: gone(w.alias_a)),
     # --- deployments
     Op("deployment", "list", "GET", "deployments/", Deployment, "bob", 200,
-       rows=("deployment_a", "deployment_b"), broken_for=("bob", OTHER)),
-    Op("deployment", "retrieve", "GET", "deployments/{deployment_a}/", Deployment, "bob", 200,
-       broken_for=("bob",)),
+       rows=("deployment_a", "deployment_b")),
+    Op("deployment", "retrieve", "GET", "deployments/{deployment_a}/", Deployment, "bob", 200),
     Op("deployment", "create", "POST", "deployments/", Deployment, "dave", 201, writer="role",
-       role="deployer", below=("bob",), field="model", broken_for=("dave",),
+       role="deployer", below=("bob",), field="model",
        payload=lambda w: {"model": w.model_a.pk, "name": "new-dep", "cluster": w.cluster.name},
        done=lambda w, body: Deployment.objects.filter(tenant=w.tenant_a, name="new-dep").exists()),
     Op("deployment", "update", "PUT", "deployments/{deployment_a}/", Deployment, "dave", 200,
-       writer="role", role="deployer", below=("bob",), broken_for=("dave",),
+       writer="role", role="deployer", below=("bob",),
        payload=lambda w: {"model": w.model_a.pk, "name": "dep-a", "cluster": w.cluster.name,
                           "description": "changed"},
        done=lambda w, body: fresh(w.deployment_a).description == "changed"),
     Op("deployment", "partial_update", "PATCH", "deployments/{deployment_a}/", Deployment, "dave",
-       200, writer="role", role="deployer", below=("bob",), broken_for=("dave",),
+       200, writer="role", role="deployer", below=("bob",),
        payload=lambda w: {"description": "changed"},
        done=lambda w, body: fresh(w.deployment_a).description == "changed"),
     # Deleting a deployment needs the admin role: deployers create and edit only.
@@ -459,8 +447,7 @@ def cases() -> list[Any]:
     params = []
     for op in OPS:
         for caller, status in op.expectations():
-            marks = [DEPLOYMENT_RENDER_BUG] if caller in op.broken_for else []
-            params.append(pytest.param(op, caller, status, marks=marks,
+            params.append(pytest.param(op, caller, status,
                                        id=f"{op.basename}-{op.action}-{caller}-{status}"))
     return params
 

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.signals import pre_save
 
 from fleet import health
 from fleet.adapters.base import ServerProbe
@@ -318,6 +319,32 @@ def test_a_server_deleted_while_probing_is_skipped(
     assert other.health == Health.UNREACHABLE
     assert other.consecutive_failures == 1
     assert health.check_server(victim.pk) is None
+
+
+@pytest.mark.xfail(
+    reason="BUG: fleet/health.py:63 record_probe() reads the row, then save(update_fields=...) "
+    "raises DatabaseError if it was deleted in between; check_all() (line 100) does not catch "
+    "it, so the servers not yet recorded are lost for this run",
+    strict=True,
+)
+@CHECK_ALL_DB
+def test_a_server_deleted_just_before_its_result_is_written_is_skipped(cluster) -> None:
+    victim = InferenceServerFactory(cluster=cluster, name="victim", http_url=closed_port_url())
+    other = InferenceServerFactory(cluster=cluster, name="other", http_url=closed_port_url())
+
+    def delete_first(sender, instance, update_fields=None, **kwargs) -> None:
+        if instance.pk == victim.pk and update_fields:  # deleted after the read, before the write
+            InferenceServer.objects.filter(pk=victim.pk).delete()
+
+    pre_save.connect(delete_first, sender=InferenceServer, dispatch_uid="delete-first")
+    try:
+        counts = health.check_all(timeout=0.5)
+    finally:
+        pre_save.disconnect(sender=InferenceServer, dispatch_uid="delete-first")
+
+    assert counts == {Health.UNREACHABLE: 1}
+    other.refresh_from_db()
+    assert other.consecutive_failures == 1
 
 
 @CHECK_ALL_DB

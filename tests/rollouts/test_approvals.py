@@ -7,9 +7,6 @@ the same answers as HTTP statuses (403 role or four-eyes, 409 illegal transition
 
 from __future__ import annotations
 
-import secrets
-from types import SimpleNamespace
-
 import pytest
 from django.core.exceptions import PermissionDenied
 
@@ -28,16 +25,6 @@ Status = ModelVersion.Status
 @pytest.fixture(autouse=True)
 def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def secrets_without_underscores(monkeypatch):
-    """fleet/tokens.py refuses about half of all secrets (those with '_'): see
-    tests/api/test_tokens.py. Keep the token tests here deterministic meanwhile."""
-    monkeypatch.setattr(tokens, "secrets", SimpleNamespace(
-        token_hex=secrets.token_hex,
-        token_urlsafe=lambda n: secrets.token_urlsafe(n).replace("_", "x"),
-    ))
 
 
 @pytest.fixture
