@@ -42,15 +42,17 @@ class AuditedAdmin(admin.ModelAdmin):
             )
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
-        formset.save()
         why = "changed in the admin"
+        for deleted in formset.deleted_forms:  # recorded first: after save() their pk is gone
+            if deleted.instance.pk is not None:
+                audit.record(request.user, "deleted", deleted.instance,
+                             tenant=_tenant_of(deleted.instance), reason=why)
+        formset.save()
         for obj in formset.new_objects:
             audit.record(request.user, "created", obj, tenant=_tenant_of(obj), reason=why)
         for obj, fields in formset.changed_objects:
             audit.record(request.user, "updated", obj, tenant=_tenant_of(obj),
                          after=audit.snapshot(obj, fields), reason=why)
-        for obj in formset.deleted_objects:
-            audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj), reason=why)
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj), reason="deleted in the admin")
