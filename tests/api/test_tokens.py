@@ -279,6 +279,26 @@ def test_a_second_active_token_of_the_same_name_is_a_conflict(client_for, alice)
     assert response.json() == {"name": ["an active token named 'ci' already exists"]}
 
 
+def test_a_token_needs_a_name(client_for, alice):
+    response = client_for(alice).post("/api/v1/tokens/", {"name": ""})
+
+    assert response.status_code == 400
+    assert list(response.json()) == ["name"]
+    assert not APIToken.objects.exists()
+
+
+def test_an_expired_tokens_name_may_be_reused(client_for, alice, tenant_a):
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        tokens.issue(alice, tenant_a, "ci", expires_at=start + timedelta(minutes=5))
+
+    with time_machine.travel(start + timedelta(minutes=6), tick=False):
+        response = client_for(alice).post("/api/v1/tokens/", {"name": "ci"})
+
+    assert response.status_code == 201, response.json()
+    assert APIToken.objects.filter(name="ci").count() == 2
+
+
 def test_a_viewer_may_list_tokens_without_secrets_but_not_revoke_them(client_for, alice, bob,
                                                                        tenant_a):
     issued = tokens.issue(alice, tenant_a, "ci")

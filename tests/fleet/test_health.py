@@ -205,7 +205,7 @@ def test_check_all_with_no_servers_returns_no_counts(db) -> None:
 
 
 @pytest.mark.xfail(
-    reason="BUG: fleet/health.py:103 check_all() calls close_old_connections(), which closes "
+    reason="BUG: fleet/health.py:105 check_all() calls close_old_connections(), which closes "
     "the caller's connection inside transaction.atomic() (autocommit off, CONN_MAX_AGE=0)",
     strict=True,
 )
@@ -248,7 +248,7 @@ def test_health_changed_at_moves_only_on_a_transition(
 
 
 @pytest.mark.triton
-def test_a_failure_keeps_last_seen_and_what_the_server_last_said(
+def test_a_failure_keeps_last_seen_and_version_but_not_stale_models(
     live_server_row: InferenceServer,
 ) -> None:
     row = live_server_row
@@ -267,6 +267,8 @@ def test_a_failure_keeps_last_seen_and_what_the_server_last_said(
     assert row.last_checked_at > seen
     assert row.server_version == "2.51.0"
     assert row.consecutive_failures == 1
+    # What an unreachable server has loaded is unknown: the console must not show it as READY.
+    assert row.reported_models == []
 
 
 @pytest.mark.triton
@@ -322,8 +324,8 @@ def test_a_server_deleted_while_probing_is_skipped(
 
 
 @pytest.mark.xfail(
-    reason="BUG: fleet/health.py:63 record_probe() reads the row, then save(update_fields=...) "
-    "raises DatabaseError if it was deleted in between; check_all() (line 100) does not catch "
+    reason="BUG: fleet/health.py:65 record_probe() reads the row, then save(update_fields=...) "
+    "raises DatabaseError if it was deleted in between; check_all() (line 102) does not catch "
     "it, so the servers not yet recorded are lost for this run",
     strict=True,
 )

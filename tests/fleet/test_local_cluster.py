@@ -156,13 +156,6 @@ def test_up_starts_and_registers_a_real_triton_and_down_stops_it(
     assert local_cluster.down() is False
 
 
-@pytest.mark.xfail(
-    reason="BUG: fleet/local_cluster.py:162 down() (and up() at line 123) only clean /dev/shm "
-    "through stop_pid(), which does nothing for a server that already died; a crashed or "
-    "SIGKILLed Triton leaks its python-backend shm regions. Call "
-    "triton_local.remove_stale_shm_files() after stop_pid() returns False",
-    strict=True,
-)
 @pytest.mark.triton
 def test_down_after_a_hard_crash_removes_the_leftover_shared_memory(
     db, local_settings: Path, started: list[TritonProcess]
