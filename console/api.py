@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -26,6 +27,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         else:
             body = {"detail": exc.messages}
         return Response(body, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ProtectedError):
+        users = sorted({str(obj) for obj in exc.protected_objects})
+        shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+        return Response(
+            {"detail": f"still in use by {shown}: remove those first"},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, DjangoPermissionDenied):
         message = str(exc) or "you do not have permission to do this"
         exc = exceptions.PermissionDenied(message)

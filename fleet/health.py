@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db.models import F
 from django.utils import timezone
 
 from fleet.adapters import triton, vllm
@@ -43,31 +43,32 @@ def record_probe(server_id: int, probe: ServerProbe) -> InferenceServer | None:
         return None
     now = timezone.now()
     new_health = classify(probe)
+    changes: dict[str, object] = {
+        "health": new_health,
+        "health_detail": probe.error,
+        "last_checked_at": now,
+        "probe_latency_ms": probe.latency_ms,
+    }
     if new_health != server.health:
-        server.health_changed_at = now
+        changes["health_changed_at"] = now
         log.info("server %s is now %s: %s", server, new_health, probe.error or "ready")
-    server.health = new_health
-    server.health_detail = probe.error
-    server.last_checked_at = now
-    server.probe_latency_ms = probe.latency_ms
     if probe.live or probe.ready:
-        server.last_seen_at = now
-        server.consecutive_failures = 0
-        server.server_version = probe.version or server.server_version
-        server.reported_models = [
-            {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
-            for m in probe.models
-        ]
+        changes.update(
+            last_seen_at=now,
+            consecutive_failures=0,
+            server_version=probe.version or server.server_version,
+            reported_models=[
+                {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
+                for m in probe.models
+            ],
+        )
     else:
         # What an unreachable server had loaded is unknown now: show nothing rather than stale.
-        server.consecutive_failures += 1
-        server.reported_models = []
-    server.save(
-        update_fields=[
-            "health", "health_detail", "last_checked_at", "probe_latency_ms", "last_seen_at",
-            "consecutive_failures", "server_version", "reported_models", "health_changed_at",
-        ]
-    )
+        changes.update(consecutive_failures=F("consecutive_failures") + 1, reported_models=[])
+    # An UPDATE, not save(): a server deleted since the read above simply updates no row.
+    if not InferenceServer.objects.filter(pk=server_id).update(**changes):
+        return None
+    server.refresh_from_db()
     return server
 
 
@@ -102,5 +103,4 @@ def check_all(timeout: float | None = None) -> dict[str, int]:
             recorded = record_probe(server.pk, probe)
             if recorded is not None:
                 counts[recorded.health] = counts.get(recorded.health, 0) + 1
-    close_old_connections()
     return counts

@@ -30,7 +30,7 @@ def _transition(
             raise Conflict(f"version {locked.version} is already {to}", field="status")
         if not locked.can_become(to):
             raise Conflict(
-                f"a {locked.status} version cannot become {to}", field="status"
+                f"version {locked.version} is {locked.status} and cannot become {to}", field="status"
             )
         before = {"status": locked.status}
         locked.status = to

@@ -62,7 +62,8 @@ def register_version(
             version.registered_by_token = token
         else:
             version.registered_by = actor
-        version.full_clean()
+        # Uniqueness is left to the database: a concurrent twin ends in the IntegrityError below.
+        version.full_clean(validate_constraints=False)
         try:
             with transaction.atomic():
                 version.save()

@@ -13,7 +13,7 @@ from fleet import tokens
 from fleet.models import Membership
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
-pytest_plugins = ["tests.fixtures.triton"]
+pytest_plugins = ["tests.fixtures.triton", "tests.fixtures.celery_worker"]
 
 Role = Membership.Role
 

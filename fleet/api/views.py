@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -86,8 +87,10 @@ class AuditedFleetViewSet(FleetViewSet):
                      before=before, after=audit.snapshot(obj, fields))
 
     def perform_destroy(self, instance: Any) -> None:
-        audit.record(self.request.user, "deleted", instance, tenant=self._tenant(instance))
-        instance.delete()
+        # One transaction: a delete refused for objects still in use records nothing.
+        with transaction.atomic():
+            audit.record(self.request.user, "deleted", instance, tenant=self._tenant(instance))
+            instance.delete()
 
 
 class QuotaViewSet(AuditedFleetViewSet):

@@ -10,7 +10,6 @@ import pytest
 import time_machine
 from django.core.exceptions import ValidationError
 from django.core.paginator import UnorderedObjectListWarning
-from django.db.models import ProtectedError
 
 from fleet.errors import Conflict
 from fleet.models import AuditEvent, Cluster
@@ -205,17 +204,6 @@ def test_a_concurrent_registration_with_another_digest_is_a_conflict(monkeypatch
     assert SHA_2 in refused.value.message
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG (narrow race): rollouts/registry.py:65 register_version() runs version.full_clean() "
-        "with constraint validation on; a concurrent insert landing between the existence check "
-        "(line 57) and full_clean() raises ValidationError({'__all__': 'Model version with this "
-        "Model and Version already exists.'}) -> 400, instead of the idempotent answer. Use "
-        "full_clean(validate_constraints=False) and rely on the IntegrityError branch"
-    ),
-    raises=ValidationError,
-    strict=True,
-)
 def test_a_concurrent_registration_that_lands_before_validation_is_answered_idempotently(
     monkeypatch, dave, model_a
 ):
@@ -621,17 +609,6 @@ def test_deployment_writes_are_audited_with_before_after_and_reason(dave, alice,
     assert not Deployment.objects.exists()
 
 
-@pytest.mark.xfail(
-    reason=(
-        "BUG: fleet/api/views.py:88-90 AuditedFleetViewSet.perform_destroy() records 'deleted' "
-        "and then instance.delete() raises ProtectedError (Deployment.cluster is PROTECT): the "
-        "answer is a 500 and, without ATOMIC_REQUESTS, a 'deleted' audit event stays for a "
-        "delete that never happened. Wrap in transaction.atomic() and map ProtectedError to a "
-        "409 Conflict naming what still uses the object"
-    ),
-    raises=ProtectedError,
-    strict=True,
-)
 def test_deleting_a_cluster_that_carries_deployments_is_a_conflict(client_for, root, model_a,
                                                                    cluster):
     DeploymentFactory(model=model_a, cluster=cluster, name="resnet")

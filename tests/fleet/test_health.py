@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection, transaction
-from django.db.models.signals import pre_save
 
 from fleet import health
 from fleet.adapters.base import ServerProbe
@@ -23,8 +22,7 @@ from fleet.runtime.triton_local import TritonProcess
 from tests.factories import ClusterFactory, InferenceServerFactory
 
 Health = InferenceServer.Health
-# check_all() closes the caller's connection (see the xfail test below), which breaks the
-# transaction of a plain ``db`` test; tests that call it run on a committed database.
+# Tests whose probes run against real servers commit their rows, like the beat task does.
 CHECK_ALL_DB = pytest.mark.django_db(transaction=True)
 EXPECTED_MODELS = {("fraud-scorer", "1", "READY"), ("fraud-scorer", "2", "READY"),
                    ("sentiment", "1", "READY")}
@@ -204,11 +202,6 @@ def test_check_all_with_no_servers_returns_no_counts(db) -> None:
     assert health.check_all(timeout=0.5) == {}
 
 
-@pytest.mark.xfail(
-    reason="BUG: fleet/health.py:105 check_all() calls close_old_connections(), which closes "
-    "the caller's connection inside transaction.atomic() (autocommit off, CONN_MAX_AGE=0)",
-    strict=True,
-)
 def test_check_all_leaves_the_callers_transaction_usable(cluster) -> None:
     InferenceServerFactory(cluster=cluster, http_url=closed_port_url())
 
@@ -323,28 +316,24 @@ def test_a_server_deleted_while_probing_is_skipped(
     assert health.check_server(victim.pk) is None
 
 
-@pytest.mark.xfail(
-    reason="BUG: fleet/health.py:65 record_probe() reads the row, then save(update_fields=...) "
-    "raises DatabaseError if it was deleted in between; check_all() (line 102) does not catch "
-    "it, so the servers not yet recorded are lost for this run",
-    strict=True,
-)
 @CHECK_ALL_DB
-def test_a_server_deleted_just_before_its_result_is_written_is_skipped(cluster) -> None:
+def test_a_server_deleted_just_before_its_result_is_written_is_skipped(
+    cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     victim = InferenceServerFactory(cluster=cluster, name="victim", http_url=closed_port_url())
     other = InferenceServerFactory(cluster=cluster, name="other", http_url=closed_port_url())
+    real_classify = health.classify
 
-    def delete_first(sender, instance, update_fields=None, **kwargs) -> None:
-        if instance.pk == victim.pk and update_fields:  # deleted after the read, before the write
+    def delete_between_read_and_write(probe: ServerProbe) -> str:
+        if victim.http_url in probe.error:  # record_probe() has read the row, not yet written
             InferenceServer.objects.filter(pk=victim.pk).delete()
+        return real_classify(probe)
 
-    pre_save.connect(delete_first, sender=InferenceServer, dispatch_uid="delete-first")
-    try:
-        counts = health.check_all(timeout=0.5)
-    finally:
-        pre_save.disconnect(sender=InferenceServer, dispatch_uid="delete-first")
+    monkeypatch.setattr(health, "classify", delete_between_read_and_write)
+    counts = health.check_all(timeout=0.5)
 
     assert counts == {Health.UNREACHABLE: 1}
+    assert not InferenceServer.objects.filter(pk=victim.pk).exists()
     other.refresh_from_db()
     assert other.consecutive_failures == 1
 

@@ -15,7 +15,7 @@ from fleet import tasks
 from fleet.models import InferenceServer
 from fleet.runtime.triton_local import TritonProcess
 from tests.factories import ClusterFactory, InferenceServerFactory
-from tests.fixtures.celery_worker import CeleryWorker, celery_worker  # noqa: F401
+from tests.fixtures.celery_worker import CeleryWorker
 
 pytestmark = [pytest.mark.worker, pytest.mark.triton]
 
@@ -60,7 +60,7 @@ def run_check(worker: CeleryWorker, servers: tuple[InferenceServer, ...]) -> Non
 
 
 def test_worker_records_a_healthy_triton_and_an_unreachable_server(
-    celery_worker: CeleryWorker,  # noqa: F811
+    celery_worker: CeleryWorker,
     two_servers: tuple[InferenceServer, InferenceServer],
 ) -> None:
     live, dead = two_servers
@@ -88,7 +88,7 @@ def test_worker_records_a_healthy_triton_and_an_unreachable_server(
 
 
 def test_a_second_run_only_counts_another_failure(
-    celery_worker: CeleryWorker,  # noqa: F811
+    celery_worker: CeleryWorker,
     two_servers: tuple[InferenceServer, InferenceServer],
 ) -> None:
     live, dead = two_servers

@@ -138,7 +138,7 @@ def test_approving_a_merely_registered_version_is_a_conflict_naming_status(erin,
         approvals.approve(erin, version)
 
     assert refused.value.field == "status"
-    assert refused.value.message == "a registered version cannot become approved"
+    assert refused.value.message == "version 1 is registered and cannot become approved"
     assert stored(version).status == Status.REGISTERED
 
 
@@ -186,7 +186,7 @@ def test_a_registered_version_can_be_archived_but_a_pending_one_cannot(dave, eri
     pending = ModelVersionFactory(model=version.model, version=2)
     approvals.request_approval(dave, pending)
 
-    with pytest.raises(Conflict, match="a pending_approval version cannot become archived"):
+    with pytest.raises(Conflict, match="is pending_approval and cannot become archived"):
         approvals.archive(erin, stored(pending))
 
     assert stored(version).status == Status.ARCHIVED
@@ -196,7 +196,7 @@ def test_a_registered_version_can_be_archived_but_a_pending_one_cannot(dave, eri
 def test_an_archived_version_goes_nowhere(dave, erin, version):
     approvals.archive(erin, version)
 
-    with pytest.raises(Conflict, match=r"an? archived version cannot become pending_approval"):
+    with pytest.raises(Conflict, match="is archived and cannot become pending_approval"):
         approvals.request_approval(dave, stored(version))
 
 
@@ -305,7 +305,7 @@ def test_api_approving_a_registered_version_is_a_409_naming_status(client_for, e
     response = client_for(erin).post(url(version, "approve"))
 
     assert response.status_code == 409
-    assert response.json() == {"status": ["a registered version cannot become approved"]}
+    assert response.json() == {"status": ["version 1 is registered and cannot become approved"]}
 
 
 @pytest.mark.parametrize("payload", [{}, {"reason": ""}, {"reason": "  "}])
