@@ -6,6 +6,7 @@ engine-neutral values. They are plain Python: no Django, no settings.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -150,3 +151,16 @@ def run_with_deadline(fn: Callable[[], T], timeout: float, on_timeout: Callable[
     if result:
         return result[0]
     return on_timeout()
+
+
+def elapsed_ms(start: float) -> float:
+    """Milliseconds since ``start`` (a ``time.monotonic()`` reading)."""
+    return (time.monotonic() - start) * 1000.0
+
+
+def parse_json(body: bytes, url: str) -> object:
+    """Decode a JSON answer, or fail the probe naming the URL."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ProbeFailed(f"invalid JSON from {url}") from exc

@@ -7,7 +7,6 @@ itself satisfies :class:`fleet.adapters.base.ServerProbeAdapter`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 
@@ -18,22 +17,14 @@ from fleet.adapters.base import (
     ModelState,
     ProbeFailed,
     ServerProbe,
+    elapsed_ms,
+    parse_json,
     request,
     run_with_deadline,
 )
 
 ENGINE = "triton"
 
-
-def _elapsed_ms(start: float) -> float:
-    return (time.monotonic() - start) * 1000.0
-
-
-def _json(body: bytes, url: str) -> object:
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise ProbeFailed(f"invalid JSON from {url}") from exc
 
 
 def parse_index(payload: object) -> list[ModelState]:
@@ -81,7 +72,7 @@ def _probe(
             url = f"{base}/v2"
             status, body = request(client, "GET", url, deadline)
             if status == 200:
-                meta = _json(body, url)
+                meta = parse_json(body, url)
                 version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
             else:
                 problems.append(f"GET /v2 returned {status}")
@@ -89,7 +80,7 @@ def _probe(
             url = f"{base}/v2/repository/index"
             status, body = request(client, "POST", url, deadline, json_body={})
             if status == 200:
-                models = parse_index(_json(body, url))
+                models = parse_index(parse_json(body, url))
             else:
                 problems.append(f"POST /v2/repository/index returned {status}")
         except ProbeFailed as exc:
@@ -99,7 +90,7 @@ def _probe(
                 version=version,
                 models=models,
                 error=str(exc),
-                latency_ms=_elapsed_ms(start),
+                latency_ms=elapsed_ms(start),
             )
     return ServerProbe(
         ready=ready,
@@ -107,7 +98,7 @@ def _probe(
         version=version,
         models=models,
         error="; ".join(problems),
-        latency_ms=_elapsed_ms(start),
+        latency_ms=elapsed_ms(start),
     )
 
 
@@ -129,7 +120,7 @@ def probe(
             ready=False,
             live=False,
             error=f"timed out after {timeout:.1f} s at {base}",
-            latency_ms=_elapsed_ms(start),
+            latency_ms=elapsed_ms(start),
         )
 
     return run_with_deadline(lambda: _probe(base, timeout, headers, start), timeout, on_timeout)

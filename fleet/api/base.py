@@ -9,6 +9,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import permissions, viewsets
 from rest_framework.request import Request
 
+from fleet.errors import DomainError
 from fleet.models import Tenant
 from fleet.tenancy import is_platform_admin, tenant_roles
 
@@ -46,6 +47,14 @@ def default_tenant(user: Any) -> Tenant | None:
     if roles is not None and len(roles) == 1:
         return Tenant.objects.get(pk=next(iter(roles)))
     return None
+
+
+def resolve_tenant(data: dict[str, Any], user: Any) -> Tenant:
+    """The tenant named in ``data``, or the caller's only tenant; a 400 on ``tenant`` else."""
+    tenant = data.get("tenant") or default_tenant(user)
+    if tenant is None:
+        raise DomainError("name the tenant (you belong to several)", field="tenant")
+    return tenant
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

@@ -16,9 +16,8 @@ from rest_framework.serializers import BaseSerializer
 
 from fleet import audit, health, tokens
 from fleet.api import serializers as s
-from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, default_tenant
+from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.filters import AuditEventFilter, InferenceServerFilter
-from fleet.errors import DomainError
 from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
 from fleet.quota import usage_for
 
@@ -51,9 +50,7 @@ class APITokenViewSet(
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        tenant = data.get("tenant") or default_tenant(request.user)
-        if tenant is None:
-            raise DomainError("name the tenant (you belong to several)", field="tenant")
+        tenant = resolve_tenant(data, request.user)
         issued = tokens.issue(
             request.user, tenant, data["name"], data.get("role", "deployer"), data.get("expires_at")
         )

@@ -11,6 +11,13 @@ from fleet.models import Cluster, InferenceServer
 from rollouts.models import Alias, Deployment, Model, ModelVersion
 
 
+class VisibleModelField(serializers.PrimaryKeyRelatedField):
+    """A model by id, limited to the models the caller can see (others read as unknown)."""
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        return Model.objects.visible_to(self.context["request"].user)
+
+
 class ModelSerializer(serializers.ModelSerializer):
     tenant = TenantField(required=False, help_text="Tenant slug; optional for API tokens")
     latest_version = serializers.IntegerField(read_only=True, allow_null=True)
@@ -28,7 +35,7 @@ class ModelSerializer(serializers.ModelSerializer):
 
 
 class ModelVersionSerializer(ValidatedModelSerializer):
-    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    model = VisibleModelField()
     model_name = serializers.CharField(source="model.name", read_only=True)
     tenant = serializers.CharField(source="model.tenant.slug", read_only=True)
     request_approval = serializers.BooleanField(
@@ -47,12 +54,6 @@ class ModelVersionSerializer(ValidatedModelSerializer):
         ]
         read_only_fields = ["status", "status_reason", "status_changed_at", "created_at"]
         validators: list[Any] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None:
-            self.fields["model"].queryset = Model.objects.visible_to(request.user)
 
     def get_registered_by(self, version: ModelVersion) -> str | None:
         if version.registered_by_token_id:
@@ -85,7 +86,7 @@ class DecisionSerializer(serializers.Serializer):
 
 
 class AliasSerializer(serializers.ModelSerializer):
-    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    model = VisibleModelField()
     version = serializers.IntegerField(source="version.version", help_text="Version number")
     reason = serializers.CharField(write_only=True, required=False, default="", allow_blank=True)
 
@@ -94,12 +95,6 @@ class AliasSerializer(serializers.ModelSerializer):
         fields = ["id", "model", "name", "version", "updated_at", "reason"]
         read_only_fields = ["updated_at"]
         validators: list[Any] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None:
-            self.fields["model"].queryset = Model.objects.visible_to(request.user)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         model = attrs.get("model") or self.instance.model
@@ -127,7 +122,7 @@ class ServerNamesField(serializers.ListField):
 
 class DeploymentSerializer(ValidatedModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    model = serializers.PrimaryKeyRelatedField(queryset=Model.objects.none())
+    model = VisibleModelField()
     cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
     servers = ServerNamesField(
         child=serializers.CharField(), required=False,
@@ -142,12 +137,6 @@ class DeploymentSerializer(ValidatedModelSerializer):
         ]
         read_only_fields = ["created_at", "updated_at"]
         validators: list[Any] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        request = self.context.get("request")
-        if request is not None:
-            self.fields["model"].queryset = Model.objects.visible_to(request.user)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         servers = attrs.pop("servers", None)

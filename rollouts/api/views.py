@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleet import audit
-from fleet.api.base import TenantScopedViewSetMixin, default_tenant
+from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
 from fleet.errors import DomainError
 from fleet.models import Membership
 from fleet.tenancy import require_role
@@ -43,9 +43,7 @@ class ModelViewSet(
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        tenant = data.get("tenant") or default_tenant(request.user)
-        if tenant is None:
-            raise DomainError("name the tenant (you belong to several)", field="tenant")
+        tenant = resolve_tenant(data, request.user)
         model, created = registry.create_model(
             request.user, tenant, data["name"], data.get("description", "")
         )
