@@ -7,7 +7,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from fleet import audit
-from fleet.errors import Conflict
+from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant
 from fleet.tenancy import require_role, token_of
 from rollouts.models import Alias, Model, ModelVersion
@@ -43,6 +43,22 @@ def create_model(actor: Any, tenant: Tenant, name: str, description: str = "") -
         return Model.objects.get(tenant=tenant, name=name), False
     audit.record(actor, "created", model, tenant=tenant, after={"name": name})
     return model, True
+
+
+def update_model(
+    actor: Any, model: Model, name: str | None = None, description: str | None = None
+) -> Model:
+    """Change a model's description. Names are permanent: versions and URIs refer to them."""
+    require_role(actor, model.tenant, Membership.Role.DEPLOYER)
+    if name is not None and name != model.name:
+        raise DomainError("a model cannot be renamed", field="name")
+    if description is not None and description != model.description:
+        before = {"description": model.description}
+        model.description = description
+        model.save(update_fields=["description"])
+        audit.record(actor, "updated", model, tenant=model.tenant, before=before,
+                     after={"description": description})
+    return model
 
 
 def register_version(

@@ -11,11 +11,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet import audit
 from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
 from fleet.errors import DomainError
-from fleet.models import Membership
-from fleet.tenancy import require_role
 from rollouts import approvals, deployments, registry
 from rollouts.api import serializers as s
 from rollouts.models import Alias, Deployment, Model, ModelVersion
@@ -51,14 +48,10 @@ class ModelViewSet(
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def perform_update(self, serializer: s.ModelSerializer) -> None:
-        model = serializer.instance
-        require_role(self.request.user, model.tenant, Membership.Role.DEPLOYER)
-        if "name" in serializer.validated_data and serializer.validated_data["name"] != model.name:
-            raise DomainError("a model cannot be renamed", field="name")
-        before = {"description": model.description}
-        serializer.save(tenant=model.tenant)
-        audit.record(self.request.user, "updated", model, tenant=model.tenant, before=before,
-                     after={"description": model.description})
+        data = serializer.validated_data
+        registry.update_model(
+            self.request.user, serializer.instance, data.get("name"), data.get("description")
+        )
 
 
 class ModelVersionViewSet(
