@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
 import httpx
@@ -164,3 +165,57 @@ def parse_json(body: bytes, url: str) -> object:
         return json.loads(body)
     except ValueError as exc:
         raise ProbeFailed(f"invalid JSON from {url}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Model loads: artifact stores and server runtimes
+# --------------------------------------------------------------------------------------------
+
+ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@runtime_checkable
+class ArtifactStore(Protocol):
+    """Where model artifacts live (S3 and S3-compatible stores)."""
+
+    def fetch(self, uri: str, *, sha256: str, size: int, progress: ProgressFn | None = None) -> Path:
+        """Return a local path of the verified artifact, downloading it unless cached.
+
+        Verifies size and sha256 while streaming. Raises AdapterError: permanent for a
+        missing bucket or key, denied access, a size or digest mismatch; transient for
+        connection errors and timeouts. Safe to call again: a cached digest is not fetched.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    """A model version a runtime has made ready, with the hash of the config it runs with."""
+
+    model: str
+    version: int
+    config_hash: str
+    config: dict[str, object] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ServerRuntime(Protocol):
+    """Loads and unloads model versions on one inference server. Every call is idempotent."""
+
+    def place(self, model: str, version: int, artifact: Path) -> None:
+        """Put the version's files where the server reads them (no-op when already there)."""
+        ...
+
+    def load(self, model: str, version: int, config: dict[str, object], timeout: float) -> LoadedVersion:
+        """Make the version ready with ``config`` applied, keeping the model's other loaded
+        versions; a no-op when it already runs with that config. Raises AdapterError with the
+        server's explanation (and its log line, when the server has a log) on failure."""
+        ...
+
+    def unload(self, model: str, version: int, timeout: float) -> None:
+        """Stop serving the version and wait until the server says so (no-op when not loaded)."""
+        ...
+
+    def remove(self, model: str, version: int) -> None:
+        """Delete the version's placed files (no-op when absent)."""
+        ...
