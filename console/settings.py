@@ -103,10 +103,12 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # Take the write lock when a transaction starts, so read-then-write checks (quota
+    # admission) cannot interleave; PostgreSQL gets the same from SELECT ... FOR UPDATE.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(transaction_mode="IMMEDIATE", timeout=20)
     # A file, not memory, so a real Celery worker process in the tests sees the test database;
     # one per test process, so two test runs never share one.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -145,6 +147,15 @@ SWITCHYARD_DEMO_PASSWORD = "" if PRODUCTION else env_str("SWITCHYARD_DEMO_PASSWO
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Model loads (rollouts/loads.py): artifacts from S3, a lease per claimed load, retries.
+SWITCHYARD_S3_ENDPOINT_URL = env_str("SWITCHYARD_S3_ENDPOINT_URL", "") or None
+SWITCHYARD_S3_REGION = env_str("SWITCHYARD_S3_REGION", "us-east-1")
+SWITCHYARD_ARTIFACT_CACHE = DATA_DIR / "cache" / "artifacts"
+SWITCHYARD_LOAD_TIMEOUT_S = env_float("SWITCHYARD_LOAD_TIMEOUT_S", 120.0, minimum=1.0)
+SWITCHYARD_LOAD_LEASE_S = env_float("SWITCHYARD_LOAD_LEASE_S", 30.0, minimum=1.0)
+SWITCHYARD_LOAD_MAX_ATTEMPTS = env_int("SWITCHYARD_LOAD_MAX_ATTEMPTS", 5, minimum=1)
+SWITCHYARD_RECONCILE_INTERVAL_S = env_float("SWITCHYARD_RECONCILE_INTERVAL_S", 2.0, minimum=0.5)
+
 # --- Celery (namespace CELERY_) ------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
@@ -157,6 +168,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 SWITCHYARD_HEALTH_INTERVAL_S = env_float("SWITCHYARD_HEALTH_INTERVAL_S", 3.0, minimum=1.0)
 SWITCHYARD_PROBE_TIMEOUT_S = env_float("SWITCHYARD_PROBE_TIMEOUT_S", 2.0, minimum=0.1)
 CELERY_BEAT_SCHEDULE = {
+    "reconcile-model-loads": {
+        "task": "rollouts.tasks.reconcile_loads",
+        "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),
+        "options": {"expires": SWITCHYARD_RECONCILE_INTERVAL_S},
+    },
     "check-inference-servers": {
         "task": "fleet.tasks.check_servers",
         "schedule": timedelta(seconds=SWITCHYARD_HEALTH_INTERVAL_S),

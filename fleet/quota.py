@@ -1,12 +1,21 @@
-"""Quota usage: what each tenant holds against each quota, from active placements."""
+"""Quota: usage from placements, and admission before anything is loaded.
+
+Every model load is admitted here before anything changes on a server: the version's units
+(GPUs, or model instances on CPU nodes) and memory are checked against the tenant's quota
+for the server's device class and against the free memory of the server's node.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import transaction
 from django.db.models import Sum
+from django.utils import timezone
 
-from fleet.models import Placement, Quota
+from fleet.errors import QuotaExceeded
+from fleet.models import GPU, InferenceServer, Placement, Quota, Tenant
+from fleet.models.quotas import CPU_CLASS
 
 
 @dataclass(frozen=True)
@@ -54,3 +63,108 @@ def usage_for(quotas: list[Quota]) -> list[QuotaUsage]:
         QuotaUsage(q, *held.get((q.tenant_id, q.device_class), (0, 0)))
         for q in quotas
     ]
+
+
+def device_class_of(server: InferenceServer) -> str:
+    """The device class a server's placements count against: its node's GPU class, or cpu."""
+    if server.node_id is not None:
+        gpu = GPU.objects.filter(node_id=server.node_id, parent__isnull=True).first()
+        if gpu is not None:
+            return gpu.device_class
+    return CPU_CLASS
+
+
+def _node_capacity_mib(server: InferenceServer, device_class: str) -> int | None:
+    """Memory the server's node offers for this class (None: no node recorded, not checked)."""
+    if server.node_id is None:
+        return None
+    if device_class == CPU_CLASS:
+        return server.node.memory_mib or None
+    total = GPU.objects.filter(
+        node_id=server.node_id, parent__isnull=True, device_class=device_class
+    ).aggregate(total=Sum("memory_mib"))["total"]
+    return total or None
+
+
+def admit(
+    tenant: Tenant,
+    server: InferenceServer,
+    model_version_id: int,
+    units: int,
+    memory_mib: int,
+) -> Placement:
+    """Reserve quota and node capacity for one version on one server, or raise QuotaExceeded.
+
+    The tenant's quota row is locked for the check and the insert, so concurrent admissions
+    are counted one after the other. Admitting a version that already holds a placement on
+    the server returns that placement (idempotent).
+    """
+    device_class = device_class_of(server)
+    with transaction.atomic():
+        existing = Placement.objects.filter(
+            server=server, model_version_id=model_version_id, state__in=Placement.HOLDING
+        ).first()
+        if existing is not None:
+            return existing
+        quota = Quota.objects.select_for_update().filter(tenant=tenant, device_class=device_class).first()
+        if quota is None:
+            raise QuotaExceeded(
+                f"tenant {tenant.slug} has no quota for device class {device_class}; "
+                "ask a platform admin for one",
+                field="quota",
+            )
+        usage = usage_for([quota])[0]
+        if units > usage.units_left:
+            raise QuotaExceeded(
+                f"{quota.unit_label} quota of {tenant.slug} on {device_class} exceeded: "
+                f"asks {units}, {usage.units_left} left of {quota.units} "
+                f"(short by {units - usage.units_left})",
+                field="quota",
+            )
+        if memory_mib > usage.memory_left_mib:
+            raise QuotaExceeded(
+                f"{quota.memory_label} quota of {tenant.slug} on {device_class} exceeded: "
+                f"asks {memory_mib} MiB, {usage.memory_left_mib} MiB left of "
+                f"{quota.memory_mib} MiB (short by {memory_mib - usage.memory_left_mib} MiB)",
+                field="quota",
+            )
+        capacity = _node_capacity_mib(server, device_class)
+        if capacity is not None:
+            used_on_node = Placement.objects.filter(
+                server__node_id=server.node_id, device_class=device_class,
+                state__in=Placement.HOLDING,
+            ).aggregate(total=Sum("memory_mib"))["total"] or 0
+            free = max(capacity - used_on_node, 0)
+            if memory_mib > free:
+                raise QuotaExceeded(
+                    f"node {server.node.name} has too little free memory: asks {memory_mib} MiB, "
+                    f"{free} MiB free of {capacity} MiB",
+                    field="node",
+                )
+        return Placement.objects.create(
+            tenant=tenant,
+            server=server,
+            model_version_id=model_version_id,
+            device_class=device_class,
+            units=units,
+            memory_mib=memory_mib,
+            state=Placement.State.LOADING,
+        )
+
+
+def activate(placement: Placement, config_hash: str) -> Placement:
+    """The version is serving: keep holding quota, remember the config it runs with."""
+    Placement.objects.filter(pk=placement.pk).update(
+        state=Placement.State.ACTIVE, config_hash=config_hash
+    )
+    placement.refresh_from_db()
+    return placement
+
+
+def release(placement: Placement | None) -> None:
+    """Give the quota back (idempotent)."""
+    if placement is None:
+        return
+    Placement.objects.filter(pk=placement.pk, state__in=Placement.HOLDING).update(
+        state=Placement.State.RELEASED, released_at=timezone.now()
+    )

@@ -23,6 +23,7 @@ VERSION_FIELDS = [
     "gpus",
     "estimated_gpu_memory_mib",
     "labels",
+    "adapter_of",
     "git_sha",
     "training_run",
 ]

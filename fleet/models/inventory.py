@@ -35,6 +35,11 @@ class Cluster(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     description = models.CharField(max_length=300, blank=True)
     api_url = models.URLField(blank=True, help_text="Kubernetes API server (kubernetes clusters)")
+    s3_endpoint_url = models.CharField(
+        max_length=300, blank=True, validators=[service_url_validator],
+        help_text="S3-compatible endpoint for this cluster's artifacts (empty: the default)",
+    )
+    s3_region = models.CharField(max_length=40, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
 
@@ -120,6 +125,9 @@ class InferenceServer(models.Model):
     metrics_url = models.CharField(max_length=300, blank=True, validators=[service_url_validator])
     model_repository = models.CharField(
         max_length=500, blank=True, help_text="Model repository folder (local and static clusters)"
+    )
+    log_path = models.CharField(
+        max_length=500, blank=True, help_text="Server log file, read to explain load failures"
     )
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
     health_detail = models.TextField(blank=True)

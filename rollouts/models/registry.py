@@ -84,6 +84,10 @@ class ModelVersion(models.Model):
     gpus = models.PositiveIntegerField(default=1, help_text="GPUs (or CPU model instances) needed")
     estimated_gpu_memory_mib = models.PositiveIntegerField(default=0)
     labels = models.JSONField(default=dict, blank=True)
+    adapter_of = models.CharField(
+        max_length=200, blank=True,
+        help_text="vLLM LoRA adapters: the served name of the base model they apply to",
+    )
     git_sha = models.CharField(max_length=40, blank=True)
     training_run = models.CharField(max_length=200, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.REGISTERED)
@@ -141,6 +145,8 @@ class ModelVersion(models.Model):
             raise ValidationError({"backend": "a Triton version names its backend, e.g. python"})
         if self.runtime == self.Runtime.VLLM and self.backend:
             raise ValidationError({"backend": "vLLM versions have no Triton backend"})
+        if self.runtime == self.Runtime.TRITON and self.adapter_of:
+            raise ValidationError({"adapter_of": "only vLLM LoRA adapter versions name a base model"})
         if not isinstance(self.labels, dict):
             raise ValidationError({"labels": "must be an object of string keys and values"})
         if not isinstance(self.triton_config, dict):

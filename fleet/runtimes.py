@@ -1,0 +1,49 @@
+"""Which adapter serves which server: the one place that maps fleet rows to adapters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+
+from fleet.adapters.base import AdapterError, ArtifactStore, ServerRuntime
+from fleet.models import Cluster, InferenceServer
+
+
+def artifact_store_for(cluster: Cluster) -> ArtifactStore:
+    """An S3 store for the cluster's endpoint (or the default), caching by digest."""
+    from fleet.adapters.s3 import S3ArtifactStore
+
+    return S3ArtifactStore(
+        Path(settings.SWITCHYARD_ARTIFACT_CACHE),
+        endpoint_url=cluster.s3_endpoint_url or settings.SWITCHYARD_S3_ENDPOINT_URL,
+        region=cluster.s3_region or settings.SWITCHYARD_S3_REGION,
+    )
+
+
+def runtime_for(server: InferenceServer, *, lora: bool = False) -> ServerRuntime:
+    """The runtime adapter that loads versions onto ``server``."""
+    timeout = settings.SWITCHYARD_LOAD_TIMEOUT_S
+    if server.runtime == InferenceServer.Runtime.TRITON:
+        from fleet.adapters.triton_runtime import TritonServerRuntime
+
+        if not server.model_repository:
+            raise AdapterError(
+                f"server {server.name} has no model repository folder recorded", permanent=True
+            )
+        return TritonServerRuntime(
+            server.http_url,
+            Path(server.model_repository),
+            log_path=Path(server.log_path) if server.log_path else None,
+            timeout=timeout,
+        )
+    if server.runtime == InferenceServer.Runtime.VLLM and lora:
+        from fleet.adapters.vllm import VLLMAdapterRuntime
+
+        adapters = Path(server.model_repository or settings.DATA_DIR / "vllm-adapters" / server.name)
+        return VLLMAdapterRuntime(server.http_url, adapters, timeout=timeout)
+    raise AdapterError(
+        f"{server.get_runtime_display()} server {server.name} cannot load this kind of version "
+        "in place: base-model versions of vLLM roll the server process",
+        permanent=True,
+    )

@@ -1,0 +1,135 @@
+"""Model loads: putting one version onto one server, and taking it off again."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from django.conf import settings
+from django.db import models
+
+from fleet.models import APIToken, InferenceServer, Placement, Tenant
+from fleet.tenancy import scoped_manager
+
+from .deployments import Deployment
+from .registry import ModelVersion
+
+
+class ModelLoad(models.Model):
+    """One version on one server of a deployment, advanced by idempotent reconcilers.
+
+    Load:   pending → admitted → fetching → placing → loading → ready, or failed.
+    Unload: ready → unloading → unloaded (or failed, with the placement kept while the
+    server may still hold the model).
+
+    ``admitted`` means quota is held (a Placement in state loading); ``fetching`` streams the
+    artifact from S3 and verifies it; ``placing`` writes it into the server's model
+    repository; ``loading`` asks the server to load it and waits for READY. A failure at any
+    phase unloads, removes the files and releases the quota before the row says failed.
+    Workers claim the row with a short lease, so a killed worker's load is picked up by the
+    next tick once the lease runs out.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ADMITTED = "admitted", "Admitted"
+        FETCHING = "fetching", "Fetching artifact"
+        PLACING = "placing", "Placing files"
+        LOADING = "loading", "Loading"
+        READY = "ready", "Ready"
+        UNLOADING = "unloading", "Unloading"
+        UNLOADED = "unloaded", "Unloaded"
+        FAILED = "failed", "Failed"
+
+    TERMINAL: ClassVar[set[str]] = {State.READY, State.UNLOADED, State.FAILED}
+    IN_FLIGHT: ClassVar[list[str]] = [
+        State.PENDING, State.ADMITTED, State.FETCHING, State.PLACING, State.LOADING,
+        State.UNLOADING,
+    ]
+    LOAD_PHASES: ClassVar[list[str]] = [
+        State.PENDING, State.ADMITTED, State.FETCHING, State.PLACING, State.LOADING, State.READY,
+    ]
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="model_loads")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="loads")
+    server = models.ForeignKey(InferenceServer, on_delete=models.PROTECT, related_name="model_loads")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="loads")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    placement = models.ForeignKey(
+        Placement, null=True, blank=True, on_delete=models.SET_NULL, related_name="loads"
+    )
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    request_fingerprint = models.CharField(max_length=64, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_token = models.ForeignKey(
+        APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    requested_by_label = models.CharField(max_length=200)
+    unload_requested_by_label = models.CharField(max_length=200, blank=True)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    config_hash = models.CharField(max_length=64, blank=True)
+    error = models.TextField(blank=True)
+    server_log = models.TextField(blank=True, help_text="Server log lines that explain a failure")
+    attempts = models.PositiveIntegerField(default=0, help_text="Transient failures in a row")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    phase_started_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = scoped_manager("tenant")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key", "server"],
+                condition=~models.Q(idempotency_key=""),
+                name="uniq_load_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["state"], name="load_state")]
+
+    def __str__(self) -> str:
+        return f"{self.version} on {self.server} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in self.TERMINAL
+
+    @property
+    def is_unload(self) -> bool:
+        return self.state in (self.State.UNLOADING, self.State.UNLOADED) or bool(
+            self.unload_requested_by_label
+        )
+
+    @property
+    def progress_percent(self) -> int:
+        if self.state in (self.State.READY, self.State.UNLOADED):
+            return 100
+        if self.state == self.State.FETCHING and self.bytes_total:
+            return min(round(100 * self.bytes_done / self.bytes_total), 100)
+        order = {s: i for i, s in enumerate(self.LOAD_PHASES)}
+        return round(100 * order.get(self.state, 0) / (len(self.LOAD_PHASES) - 1))
+
+
+class ModelLoadEvent(models.Model):
+    """One step of a load's history: what the reconciler saw and did."""
+
+    load = models.ForeignKey(ModelLoad, on_delete=models.CASCADE, related_name="events")
+    state = models.CharField(max_length=16, choices=ModelLoad.State.choices)
+    message = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("load__tenant")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.load_id} {self.state}: {self.message[:60]}"
