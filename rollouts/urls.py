@@ -10,4 +10,7 @@ urlpatterns = [
     path("versions/<int:pk>/<slug:action>/", views.version_action, name="version-action"),
     path("deployments/", views.deployment_list, name="deployments"),
     path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
+    path("deployments/<int:pk>/loads/", views.deployment_loads, name="deployment-loads"),
+    path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
+    path("loads/<int:pk>/", views.load_detail, name="load"),
 ]

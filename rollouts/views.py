@@ -12,13 +12,14 @@ from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
+from django_htmx.http import HTMX_STOP_POLLING
 
 from console.paging import paginate, querystring_without_page
 from fleet.errors import DomainError
-from fleet.models import AuditEvent, Membership, Tenant
+from fleet.models import AuditEvent, Membership, Placement, Tenant
 from fleet.tenancy import has_role
-from rollouts import approvals
-from rollouts.models import Deployment, Model, ModelVersion
+from rollouts import approvals, loads
+from rollouts.models import Deployment, Model, ModelLoad, ModelVersion
 
 
 @login_required
@@ -122,14 +123,79 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     return render(request, "rollouts/deployment_list.html", {"page": paginate(request, deployments), "qs": ""})
 
 
+def _deployment_context(request: HttpRequest, deployment: Deployment) -> dict[str, Any]:
+    recent = list(
+        deployment.loads.select_related("server", "version").order_by("-created_at")[:15]
+    )
+    ready = [load for load in recent if load.state == ModelLoad.State.READY]
+    return {
+        "deployment": deployment,
+        "recent_loads": recent,
+        "ready_loads": ready,
+        "in_flight": any(load.state in ModelLoad.IN_FLIGHT for load in recent),
+    }
+
+
 @login_required
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(
         Deployment.objects.visible_to(request.user).select_related("tenant", "model", "cluster"), pk=pk
     )
-    context: dict[str, Any] = {
-        "deployment": deployment,
+    loadable = deployment.model.versions.exclude(
+        status__in=[ModelVersion.Status.REJECTED, ModelVersion.Status.ARCHIVED]
+    )
+    if deployment.production:
+        loadable = loadable.filter(status=ModelVersion.Status.APPROVED)
+    context = _deployment_context(request, deployment) | {
         "servers": deployment.servers.all(),
         "aliases": deployment.model.aliases.select_related("version"),
+        "loadable": loadable,
+        "can_deploy": has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER),
+        "placements": Placement.objects.filter(
+            server__in=deployment.servers.all(), model_version__model=deployment.model,
+            state__in=Placement.HOLDING,
+        ).select_related("server", "model_version"),
     }
     return render(request, "rollouts/deployment_detail.html", context)
+
+
+@login_required
+def deployment_loads(request: HttpRequest, pk: int) -> HttpResponse:
+    """The live loads panel; tells htmx to stop polling once nothing is in flight."""
+    deployment = get_object_or_404(Deployment.objects.visible_to(request.user), pk=pk)
+    context = _deployment_context(request, deployment)
+    status = 200 if context["in_flight"] else HTMX_STOP_POLLING
+    return render(request, "rollouts/partials/load_panel.html", context, status=status)
+
+
+@login_required
+@require_POST
+def deployment_load_action(request: HttpRequest, pk: int) -> HttpResponse:
+    deployment = get_object_or_404(Deployment.objects.visible_to(request.user), pk=pk)
+    version = get_object_or_404(deployment.model.versions.all(), pk=request.POST.get("version"))
+    action = request.POST.get("action", "load")
+    try:
+        if action == "unload":
+            rows = loads.request_unload(request.user, deployment, version)
+            messages.success(request, f"Unloading v{version.version} from {len(rows)} server(s)."
+                             if rows else f"v{version.version} was not loaded.")
+        else:
+            rows, created = loads.request_load(request.user, deployment, version)
+            messages.success(request, f"Loading v{version.version} onto {len(rows)} server(s)."
+                             if created else f"v{version.version} is already ready.")
+    except (DomainError, PermissionDenied) as exc:
+        messages.error(request, getattr(exc, "message", None) or str(exc))
+    return redirect("rollouts:deployment", pk=deployment.pk)
+
+
+@login_required
+def load_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    load = get_object_or_404(
+        ModelLoad.objects.visible_to(request.user).select_related(
+            "deployment", "server", "version__model", "placement"
+        ),
+        pk=pk,
+    )
+    template = "rollouts/partials/load_status.html" if request.htmx else "rollouts/load_detail.html"
+    status = HTMX_STOP_POLLING if request.htmx and load.state not in ModelLoad.IN_FLIGHT else 200
+    return render(request, template, {"load": load, "events": load.events.all()}, status=status)

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from fleet.api.serializers import TenantField, ValidatedModelSerializer
 from fleet.models import Cluster, InferenceServer
-from rollouts.models import Alias, Deployment, Model, ModelVersion
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelLoadEvent, ModelVersion
 
 
 class VisibleModelField(serializers.PrimaryKeyRelatedField):
@@ -48,7 +48,7 @@ class ModelVersionSerializer(ValidatedModelSerializer):
         fields = [
             "id", "model", "model_name", "tenant", "version", "artifact_uri", "sha256",
             "size_bytes", "runtime", "backend", "triton_config", "gpus",
-            "estimated_gpu_memory_mib", "labels", "git_sha", "training_run", "status",
+            "estimated_gpu_memory_mib", "labels", "adapter_of", "git_sha", "training_run", "status",
             "status_reason", "status_changed_at", "registered_by", "created_at",
             "request_approval",
         ]
@@ -155,4 +155,69 @@ class DeploymentSerializer(ValidatedModelSerializer):
                     {"servers": f"cluster {cluster} has no server named {', '.join(missing)}"}
                 )
             attrs["servers"] = list(found.values())
+        return attrs
+
+
+class ModelLoadEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ModelLoadEvent
+        fields = ["created_at", "state", "message"]
+
+
+class ModelLoadSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    server = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    model = serializers.CharField(source="version.model.name", read_only=True)
+    version = serializers.IntegerField(source="version.version", read_only=True)
+    progress_percent = serializers.IntegerField(read_only=True)
+    is_terminal = serializers.BooleanField(read_only=True)
+    events = ModelLoadEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ModelLoad
+        fields = [
+            "id", "deployment", "server", "model", "version", "state", "is_terminal",
+            "progress_percent", "bytes_done", "bytes_total", "config_hash", "error",
+            "server_log", "attempts", "requested_by_label", "unload_requested_by_label",
+            "idempotency_key", "created_at", "updated_at", "ready_at", "finished_at", "events",
+        ]
+        read_only_fields = fields
+
+
+class LoadRequestSerializer(serializers.Serializer):
+    """What to load or unload: a version (by number, or by alias) of a deployment's model."""
+
+    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.none())
+    version = serializers.IntegerField(required=False, min_value=1, help_text="Version number")
+    alias = serializers.CharField(required=False, help_text="Or an alias, e.g. staging")
+    action = serializers.ChoiceField(choices=["load", "unload"], default="load")
+    servers = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="Server names; all the deployment's servers when left out",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            self.fields["deployment"].queryset = Deployment.objects.visible_to(request.user)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        deployment = attrs["deployment"]
+        if ("version" in attrs) == ("alias" in attrs):
+            raise serializers.ValidationError({"version": "give either version or alias"})
+        if "alias" in attrs:
+            alias = Alias.objects.filter(model=deployment.model, name=attrs["alias"]).select_related("version").first()
+            if alias is None:
+                raise serializers.ValidationError(
+                    {"alias": f"{deployment.model.name} has no alias {attrs['alias']!r}"}
+                )
+            attrs["model_version"] = alias.version
+        else:
+            found = ModelVersion.objects.filter(model=deployment.model, version=attrs["version"]).first()
+            if found is None:
+                raise serializers.ValidationError(
+                    {"version": f"{deployment.model.name} has no version {attrs['version']}"}
+                )
+            attrs["model_version"] = found
         return attrs

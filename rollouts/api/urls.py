@@ -7,5 +7,6 @@ router.register("models", views.ModelViewSet, basename="model")
 router.register("versions", views.ModelVersionViewSet, basename="version")
 router.register("aliases", views.AliasViewSet, basename="alias")
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
+router.register("loads", views.ModelLoadViewSet, basename="load")
 
 urlpatterns = router.urls

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Max, Prefetch
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -13,9 +13,9 @@ from rest_framework.response import Response
 
 from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
 from fleet.errors import DomainError
-from rollouts import approvals, deployments, registry
+from rollouts import approvals, deployments, loads, registry
 from rollouts.api import serializers as s
-from rollouts.models import Alias, Deployment, Model, ModelVersion
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 
 
 class ModelViewSet(
@@ -183,3 +183,60 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Deployment) -> None:
         deployments.delete_deployment(self.request.user, instance)
+
+
+class ModelLoadViewSet(
+    TenantScopedViewSetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Model loads and unloads onto a deployment's servers.
+
+    POST starts a load (or, with ``"action": "unload"``, an unload) of one version on each
+    of the deployment's servers and answers 202 with the loads to poll; a version already
+    ready is not loaded again. Send an ``Idempotency-Key`` header to make retries safe: the
+    same key answers 200 with the loads it started. Another load of the same model in flight
+    on a server is a 409.
+    """
+
+    queryset = ModelLoad.objects.select_related(
+        "deployment", "server", "version__model"
+    ).prefetch_related("events")
+    serializer_class = s.ModelLoadSerializer
+    filterset_fields = {
+        "deployment": ["exact"],
+        "deployment__name": ["exact"],
+        "server__name": ["exact"],
+        "state": ["exact", "in"],
+        "version__version": ["exact"],
+    }
+
+    @extend_schema(
+        request=s.LoadRequestSerializer,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        responses={202: s.ModelLoadSerializer(many=True), 200: s.ModelLoadSerializer(many=True),
+                   409: OpenApiResponse(description="another load of the model is in flight")},
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = s.LoadRequestSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        key = request.headers.get("Idempotency-Key", "").strip()
+        if len(key) > 200:
+            raise DomainError("at most 200 characters", field="idempotency_key")
+        if data["action"] == "unload":
+            rows = loads.request_unload(
+                request.user, data["deployment"], data["model_version"],
+                server_names=data.get("servers"),
+            )
+            code = status.HTTP_202_ACCEPTED if rows else status.HTTP_200_OK
+        else:
+            rows, created = loads.request_load(
+                request.user, data["deployment"], data["model_version"],
+                server_names=data.get("servers"), idempotency_key=key,
+            )
+            code = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        fresh = self.get_queryset().filter(pk__in=[r.pk for r in rows])
+        return Response(self.get_serializer(fresh, many=True).data, status=code)
