@@ -150,6 +150,9 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Model loads (rollouts/loads.py): artifacts from S3, a lease per claimed load, retries.
 SWITCHYARD_S3_ENDPOINT_URL = env_str("SWITCHYARD_S3_ENDPOINT_URL", "") or None
 SWITCHYARD_S3_REGION = env_str("SWITCHYARD_S3_REGION", "us-east-1")
+# Unset: boto3's own chain (AWS_ACCESS_KEY_ID, instance roles, ~/.aws).
+SWITCHYARD_S3_ACCESS_KEY_ID = env_secret("SWITCHYARD_S3_ACCESS_KEY_ID")
+SWITCHYARD_S3_SECRET_ACCESS_KEY = env_secret("SWITCHYARD_S3_SECRET_ACCESS_KEY")
 SWITCHYARD_ARTIFACT_CACHE = DATA_DIR / "cache" / "artifacts"
 SWITCHYARD_LOAD_TIMEOUT_S = env_float("SWITCHYARD_LOAD_TIMEOUT_S", 120.0, minimum=1.0)
 SWITCHYARD_LOAD_LEASE_S = env_float("SWITCHYARD_LOAD_LEASE_S", 30.0, minimum=1.0)

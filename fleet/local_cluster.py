@@ -9,6 +9,7 @@ use it; production clusters are ``static`` or ``kubernetes``.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +56,11 @@ def _memory_mib() -> int:
 
 @transaction.atomic
 def register(
-    http_url: str, grpc_url: str, metrics_url: str, model_repository: Path
+    http_url: str,
+    grpc_url: str,
+    metrics_url: str,
+    model_repository: Path,
+    log_path: Path | None = None,
 ) -> InferenceServer:
     """Record the local cluster, this host as its node, and the Triton server (idempotent)."""
     cluster, _ = Cluster.objects.update_or_create(
@@ -86,6 +91,7 @@ def register(
             "grpc_url": grpc_url,
             "metrics_url": metrics_url,
             "model_repository": str(model_repository),
+            "log_path": str(log_path or ""),
         },
     )
     return server
@@ -103,7 +109,8 @@ def configured_urls() -> tuple[str, str, str]:
 def register_configured() -> InferenceServer:
     """Register the local server at its configured ports, whether or not it runs now."""
     http_url, grpc_url, metrics_url = configured_urls()
-    return register(http_url, grpc_url, metrics_url, LocalPaths.from_settings().model_repository)
+    paths = LocalPaths.from_settings()
+    return register(http_url, grpc_url, metrics_url, paths.model_repository, paths.log)
 
 
 def _port_free(port: int) -> bool:
@@ -115,8 +122,13 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def up(progress: Callable[[str], None] = print) -> triton_local.TritonProcess:
-    """Start the local Triton with every demo model loaded, and register it."""
+def up(progress: Callable[[str], None] = print, *, preload: bool = True) -> triton_local.TritonProcess:
+    """Start the local Triton and register it.
+
+    With ``preload`` the demo models are written into the repository and loaded at start;
+    without, the server starts with an empty repository and versions arrive through model
+    loads (the demo's way: from S3, admitted against quota, like in production).
+    """
     paths = LocalPaths.from_settings()
     if paths.pidfile.exists():
         old = int(paths.pidfile.read_text().strip() or 0)
@@ -135,8 +147,15 @@ def up(progress: Callable[[str], None] = print) -> triton_local.TritonProcess:
             "or set SWITCHYARD_LOCAL_TRITON_HTTP_PORT/_GRPC_PORT/_METRICS_PORT"
         )
     runtime = triton_local.ensure_runtime(settings.DATA_DIR, progress=progress)
-    models = triton_local.write_demo_repository(paths.model_repository)
-    progress(f"starting tritonserver with models {', '.join(models)}")
+    if preload:
+        models = triton_local.write_demo_repository(paths.model_repository)
+        progress(f"starting tritonserver with models {', '.join(models)}")
+    else:
+        # An empty repository: what a restarted server serves is decided by model loads.
+        shutil.rmtree(paths.model_repository, ignore_errors=True)
+        paths.model_repository.mkdir(parents=True)
+        models = []
+        progress("starting tritonserver with an empty model repository")
     proc = triton_local.start_triton(
         runtime,
         paths.model_repository,
@@ -148,7 +167,7 @@ def up(progress: Callable[[str], None] = print) -> triton_local.TritonProcess:
     )
     paths.pidfile.parent.mkdir(parents=True, exist_ok=True)
     paths.pidfile.write_text(str(proc.pid))
-    register(proc.http_url, proc.grpc_url, proc.metrics_url, paths.model_repository)
+    register(proc.http_url, proc.grpc_url, proc.metrics_url, paths.model_repository, paths.log)
     progress(f"local Triton ready at {proc.http_url} (pid {proc.pid}, log {paths.log})")
     return proc
 

@@ -18,6 +18,8 @@ def artifact_store_for(cluster: Cluster) -> ArtifactStore:
         Path(settings.SWITCHYARD_ARTIFACT_CACHE),
         endpoint_url=cluster.s3_endpoint_url or settings.SWITCHYARD_S3_ENDPOINT_URL,
         region=cluster.s3_region or settings.SWITCHYARD_S3_REGION,
+        access_key_id=settings.SWITCHYARD_S3_ACCESS_KEY_ID,
+        secret_access_key=settings.SWITCHYARD_S3_SECRET_ACCESS_KEY,
     )
 
 

@@ -1,7 +1,8 @@
 """Demo data: two tenants, a user per role, models with versions, quotas, the local cluster.
 
 Idempotent: running it twice changes nothing. Artifact digests and sizes are those of real
-deterministic tarballs of the demo model folders that the local Triton serves.
+deterministic tarballs of the demo model folders; the demo uploads them to its S3 endpoint
+(moto's server mode) and loads the approved versions from there, the production path.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from fleet import audit, local_cluster
-from fleet.models import GPU, Cluster, Membership, Node, Placement, Quota, Tenant
+from fleet.models import GPU, Cluster, Membership, Node, Quota, Tenant
 from fleet.runtime.triton_local import DEMO_MODELS_DIR
-from rollouts.models import Alias, Deployment, Model, ModelVersion
+from rollouts import loads
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 
 Role = Membership.Role
 Status = ModelVersion.Status
@@ -76,8 +79,36 @@ def artifact(model: str, version: int) -> tuple[bytes, str]:
     return blob, hashlib.sha256(blob).hexdigest()
 
 
-@transaction.atomic
-def seed(password: str) -> None:
+def seed(password: str, s3_endpoint: str | None = None) -> None:
+    """Create the demo rows; with ``s3_endpoint``, also upload every version's artifact there."""
+    store = None
+    if s3_endpoint:
+        from fleet.adapters.s3 import S3ArtifactStore
+
+        store = S3ArtifactStore(settings.SWITCHYARD_ARTIFACT_CACHE, endpoint_url=s3_endpoint)
+    with transaction.atomic():
+        _seed(password, store)
+
+
+def request_demo_loads() -> list[ModelLoad]:
+    """Load every approved demo version onto its deployment, as its tenant's deployer would.
+
+    The local Triton starts empty, so loads remembered from an earlier run are released first.
+    """
+    server = local_cluster.register_configured()
+    loads.forget_server_state(server, "the local Triton restarted with an empty repository")
+    started: list[ModelLoad] = []
+    for deployment in Deployment.objects.filter(cluster=server.cluster).select_related("model", "tenant"):
+        deployer = Membership.objects.filter(
+            tenant=deployment.tenant, role__in=[Role.DEPLOYER, Role.ADMIN]
+        ).order_by("role").first()
+        for version in deployment.model.versions.filter(status=Status.APPROVED):
+            rows, _ = loads.request_load(deployer.user, deployment, version)
+            started.extend(rows)
+    return started
+
+
+def _seed(password: str, store: object) -> None:
     user_model = get_user_model()
     tenants = {
         "acme": Tenant.objects.update_or_create(slug="acme", defaults={"name": "Acme Payments"})[0],
@@ -149,10 +180,10 @@ def seed(password: str) -> None:
                 audit.record(approver, "approved", version, tenant=tenant,
                              before={"status": Status.PENDING_APPROVAL},
                              after={"status": Status.APPROVED}, reason="demo data")
-        Placement.objects.get_or_create(
-            server=server, model_version=version, state=Placement.State.ACTIVE,
-            defaults={"tenant": tenant, "device_class": "cpu", "units": 1, "memory_mib": spec.memory_mib},
-        )
+        if store is not None:
+            uri = version.artifact_uri
+            store.ensure_bucket(uri.split("/")[2])
+            store.put(uri, blob)
 
     fraud = Model.objects.get(tenant=tenants["acme"], name="fraud-scorer")
     Alias.objects.get_or_create(model=fraud, name="production", defaults={"version": fraud.versions.get(version=1)})

@@ -402,6 +402,19 @@ def due_loads() -> list[int]:
     )
 
 
+def forget_server_state(server: InferenceServer, why: str) -> int:
+    """A server came back empty (restarted): its ready loads no longer hold; release them."""
+    count = 0
+    for load in ModelLoad.objects.filter(server=server, state=State.READY).select_related("placement"):
+        ModelLoad.objects.filter(pk=load.pk, state=State.READY).update(
+            state=State.UNLOADED, finished_at=timezone.now(), unload_requested_by_label="system"
+        )
+        quota.release(load.placement)
+        _event(load, f"no longer loaded: {why}; quota released", State.UNLOADED)
+        count += 1
+    return count
+
+
 def run_to_end(load_id: int, max_steps: int = 20) -> ModelLoad:
     """Advance until the load settles (for scripts, the bench and tests)."""
     for _ in range(max_steps):

@@ -13,7 +13,7 @@ from fleet import tokens
 from fleet.models import Membership
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
-pytest_plugins = ["tests.fixtures.triton", "tests.fixtures.celery_worker"]
+pytest_plugins = ["tests.fixtures.triton", "tests.fixtures.celery_worker", "tests.fixtures.s3"]
 
 Role = Membership.Role
 
@@ -97,3 +97,11 @@ def token_client(alice):
 
 def _admin_of(tenant):
     return _member(f"admin-of-{tenant.slug}", tenant, Role.ADMIN)
+
+
+@pytest.fixture(autouse=True)
+def enqueued_loads(monkeypatch):
+    """Tests advance loads by calling the reconciler; what would go to the broker is kept here."""
+    sent: list[int] = []
+    monkeypatch.setattr("rollouts.tasks.advance_load.delay", sent.append)
+    return sent

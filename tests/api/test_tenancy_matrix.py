@@ -29,7 +29,7 @@ from fleet.api.urls import router as fleet_router
 from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
 from rollouts import approvals
 from rollouts.api.urls import router as rollouts_router
-from rollouts.models import Alias, Deployment, Model, ModelVersion
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 from tests.factories import (
     AliasFactory,
     ClusterFactory,
@@ -177,6 +177,27 @@ class World:
     @cached_property
     def deployment_b(self) -> Deployment:
         return DeploymentFactory(model=self.model_b, cluster=self.cluster, name="dep-b")
+
+    @cached_property
+    def served_a(self) -> Deployment:
+        """Deployment A with a server, so a load can be requested."""
+        self.deployment_a.servers.set([self.server])
+        return self.deployment_a
+
+    @cached_property
+    def load_a(self) -> ModelLoad:
+        return ModelLoad.objects.create(
+            tenant=self.tenant_a, deployment=self.served_a, server=self.server,
+            version=self.version_a, requested_by_label="dave",
+        )
+
+    @cached_property
+    def load_b(self) -> ModelLoad:
+        self.deployment_b.servers.set([self.server])
+        return ModelLoad.objects.create(
+            tenant=self.tenant_b, deployment=self.deployment_b, server=self.server,
+            version=self.version_b, requested_by_label="charlie",
+        )
 
 
 @pytest.fixture
@@ -419,6 +440,13 @@ OPS: list[Op] = [
        200, writer="role", role="deployer", below=("bob",),
        payload=lambda w: {"description": "changed"},
        done=lambda w, body: fresh(w.deployment_a).description == "changed"),
+    # --- model loads
+    *read_ops("load", "loads", ModelLoad, ("load_a", "load_b")),
+    Op("load", "create", "POST", "loads/", ModelLoad, "dave", 202, writer="role",
+       role="deployer", below=("bob",), field="deployment",
+       payload=lambda w: {"deployment": w.served_a.pk, "version": w.version_a.version},
+       done=lambda w, body: ModelLoad.objects.filter(
+           deployment=w.deployment_a, version=w.version_a, state="pending").exists()),
     # Deleting a deployment needs the admin role: deployers create and edit only.
     Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
        writer="role", role="admin", below=("erin", "dave", "bob"),

