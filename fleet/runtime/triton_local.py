@@ -65,7 +65,8 @@ class TritonRuntime:
         ``LD_LIBRARY_PATH`` starts with the wheel's ``nvidia_pytriton.libs`` (without it the
         backend stub cannot start and a load hangs) followed by the interpreter's ``LIBDIR``
         (so the stub embeds the same libpython as this interpreter); the virtualenv's ``bin``
-        comes first on ``PATH`` so the stub's embedded interpreter finds numpy.
+        comes first on ``PATH`` so the stub's embedded interpreter finds numpy. No bytecode is
+        written into model folders (see below).
         """
         env = dict(os.environ if base is None else base)
         ld_parts = [str(self.libs_dir), str(self.python_libdir)]
@@ -77,6 +78,9 @@ class TritonRuntime:
         )
         env["VIRTUAL_ENV"] = str(self.venv_dir)
         env.pop("PYTHONHOME", None)
+        # A __pycache__ written into a version folder counts as a changed model for Triton,
+        # which would reload that version on the next load of any other version.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         return env
 
     def to_json(self) -> dict[str, str]:
