@@ -13,7 +13,12 @@ from fleet import tokens
 from fleet.models import Membership
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
-pytest_plugins = ["tests.fixtures.triton", "tests.fixtures.celery_worker", "tests.fixtures.s3"]
+pytest_plugins = [
+    "tests.fixtures.triton",
+    "tests.fixtures.celery_worker",
+    "tests.fixtures.s3",
+    "tests.fixtures.vllm",
+]
 
 Role = Membership.Role
 

@@ -73,7 +73,9 @@ def test_probe_live_triton(local_triton: TritonProcess) -> None:
     assert result.ready is True
     assert result.live is True
     assert result.version == "2.51.0"
-    assert set(result.models) == {
+    # Other tests of the session may add models of their own: look at the demo ones.
+    demo = {m for m in result.models if m.name in ("fraud-scorer", "sentiment")}
+    assert demo == {
         ModelState("fraud-scorer", "1", "READY", ""),
         ModelState("fraud-scorer", "2", "READY", ""),
         ModelState("sentiment", "1", "READY", ""),

@@ -35,8 +35,6 @@ from fleet.runtime.s3_local import (
     stop_pid,
 )
 
-pytest_plugins = ["tests.fixtures.s3"]
-
 StoreFactory = Callable[..., S3ArtifactStore]
 BODY = b"switchyard model weights\n" * 40
 
