@@ -8,6 +8,7 @@ use it; production clusters are ``static`` or ``kubernetes``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -18,11 +19,14 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from fleet.adapters.vllm_roll import VLLMRollRuntime, stop_from_pidfile
 from fleet.models import Cluster, InferenceServer, Node
-from fleet.runtime import triton_local
+from fleet.runtime import triton_local, vllm_local
 
 CLUSTER_NAME = "local"
 SERVER_NAME = "triton-local"
+VLLM_SERVER_NAME = "vllm-local"
+VLLM_BASE_MODEL = "smollm2"
 
 
 @dataclass(frozen=True)
@@ -183,3 +187,71 @@ def down() -> bool:
     # After a hard kill nothing is left to stop, but its shared-memory files may be.
     triton_local.remove_stale_shm_files()
     return stopped
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM on the local cluster
+# --------------------------------------------------------------------------------------------
+
+
+def vllm_pidfile(server_name: str) -> Path:
+    return LocalPaths.from_settings().root / "run" / f"vllm-{server_name}.json"
+
+
+def switch_server_endpoint(server_id: int, http_url: str) -> None:
+    """A rolled vLLM server listens somewhere new: point the server record there."""
+    InferenceServer.objects.filter(pk=server_id).update(
+        http_url=http_url, metrics_url=f"{http_url}/metrics",
+        health=InferenceServer.Health.UNKNOWN, health_detail="restarted on a new process",
+    )
+
+
+def vllm_roll_runtime(server: InferenceServer) -> VLLMRollRuntime:
+    paths = LocalPaths.from_settings()
+    runtime = vllm_local.ensure_runtime(settings.DATA_DIR)
+    return VLLMRollRuntime(
+        runtime,
+        paths.root / "vllm" / "models",
+        vllm_pidfile(server.name),
+        paths.root / "logs",
+        on_switch=lambda url, pid: switch_server_endpoint(server.pk, url),
+    )
+
+
+def register_vllm(http_url: str, adapters_dir: Path, log_path: Path | None = None,
+                  name: str = VLLM_SERVER_NAME) -> InferenceServer:
+    """Record a local vLLM server (its model repository is where LoRA adapters are placed)."""
+    cluster, _ = Cluster.objects.get_or_create(
+        name=CLUSTER_NAME, defaults={"kind": Cluster.Kind.LOCAL}
+    )
+    node = cluster.nodes.filter(name="localhost").first()
+    server, _ = InferenceServer.objects.update_or_create(
+        cluster=cluster, name=name,
+        defaults={"node": node, "runtime": InferenceServer.Runtime.VLLM, "http_url": http_url,
+                  "metrics_url": f"{http_url}/metrics", "model_repository": str(adapters_dir),
+                  "log_path": str(log_path or "")},
+    )
+    return server
+
+
+def up_vllm(progress: Callable[[str], None] = print) -> vllm_local.VLLMProcess:
+    """Start the local vLLM serving SmolLM2 (LoRA on), register it, record its pidfile."""
+    paths = LocalPaths.from_settings()
+    pidfile = vllm_pidfile(VLLM_SERVER_NAME)
+    stop_from_pidfile(pidfile)
+    runtime = vllm_local.ensure_runtime(settings.DATA_DIR, progress=progress)
+    model_dir = vllm_local.ensure_base_model(runtime, settings.DATA_DIR, progress=progress)
+    progress("starting vLLM (about 30 s)")
+    log = paths.root / "logs" / "vllm.log"
+    proc = vllm_local.start_vllm(runtime, model_dir, served_model_name=VLLM_BASE_MODEL, log_path=log)
+    pidfile.parent.mkdir(parents=True, exist_ok=True)
+    pidfile.write_text(json.dumps({"pid": proc.pid, "model_dir": str(model_dir), "http_url": proc.http_url}))
+    register_vllm(proc.http_url, paths.root / "vllm" / "adapters", log)
+    progress(f"local vLLM ready at {proc.http_url} (pid {proc.pid})")
+    return proc
+
+
+def down_vllm() -> bool:
+    """Stop every local vLLM server named by a pidfile (the first one, and rolled ones)."""
+    run = LocalPaths.from_settings().root / "run"
+    return any([stop_from_pidfile(p) for p in sorted(run.glob("vllm-*.json"))])

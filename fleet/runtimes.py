@@ -44,8 +44,12 @@ def runtime_for(server: InferenceServer, *, lora: bool = False) -> ServerRuntime
 
         adapters = Path(server.model_repository or settings.DATA_DIR / "vllm-adapters" / server.name)
         return VLLMAdapterRuntime(server.http_url, adapters, timeout=timeout)
+    if server.runtime == InferenceServer.Runtime.VLLM and server.cluster.kind == Cluster.Kind.LOCAL:
+        from fleet import local_cluster
+
+        return local_cluster.vllm_roll_runtime(server)
     raise AdapterError(
-        f"{server.get_runtime_display()} server {server.name} cannot load this kind of version "
-        "in place: base-model versions of vLLM roll the server process",
+        f"base-model versions of vLLM roll the server process, which Switchyard does on local "
+        f"clusters only (server {server.name} is in a {server.cluster.kind} cluster)",
         permanent=True,
     )

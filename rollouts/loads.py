@@ -241,8 +241,12 @@ def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
     _event(load, message, to)
 
 
-def _renew(load: ModelLoad) -> None:
-    _update(load, lease_expires_at=timezone.now() + timedelta(seconds=settings.SWITCHYARD_LOAD_LEASE_S))
+def _renew(load: ModelLoad, *, blocking_call: bool = False) -> None:
+    """Extend the lease; before a blocking server call, by that call's whole timeout too."""
+    seconds = settings.SWITCHYARD_LOAD_LEASE_S
+    if blocking_call:
+        seconds += settings.SWITCHYARD_LOAD_TIMEOUT_S
+    _update(load, lease_expires_at=timezone.now() + timedelta(seconds=seconds))
 
 
 def demand(version: ModelVersion, device_class: str) -> tuple[int, int]:
@@ -302,7 +306,7 @@ def _place(load: ModelLoad, path: Any = None) -> None:
 
 def _load(load: ModelLoad) -> None:
     version = load.version
-    _renew(load)
+    _renew(load, blocking_call=True)
     loaded = runtime_for(load.server, lora=_is_lora(version)).load(
         version.model.name, version.version, dict(version.triton_config or {}),
         settings.SWITCHYARD_LOAD_TIMEOUT_S,
@@ -316,7 +320,7 @@ def _load(load: ModelLoad) -> None:
 def _unload(load: ModelLoad) -> None:
     version = load.version
     runtime = runtime_for(load.server, lora=_is_lora(version))
-    _renew(load)
+    _renew(load, blocking_call=True)
     runtime.unload(version.model.name, version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
     runtime.remove(version.model.name, version.version)
     quota.release(load.placement)

@@ -14,12 +14,14 @@ from fleet.models import InferenceServer
 
 class Command(BaseCommand):
     help = (
-        "up: start the local tritonserver (demo models loaded), register it and keep it running "
-        "until Ctrl-C or SIGTERM; down: stop one started elsewhere; status: probe it."
+        "up: start the local tritonserver (demo models loaded unless --empty), register it and "
+        "keep it running until Ctrl-C or SIGTERM; vllm: the same for a local vLLM serving "
+        "SmolLM2 (its runtime is built on first use: a few minutes, 2.6 GB); down: stop servers "
+        "started elsewhere; status: probe the Triton."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["up", "down", "status"])
+        parser.add_argument("action", choices=["up", "down", "status", "vllm"])
         parser.add_argument(
             "--empty", action="store_true",
             help="up: start with an empty model repository (versions then come through loads)",
@@ -51,7 +53,25 @@ class Command(BaseCommand):
             local_cluster.LocalPaths.from_settings().pidfile.unlink(missing_ok=True)
             self._say("local Triton stopped")
 
+    def _vllm(self) -> None:
+        """Run the local vLLM until Ctrl-C; a base-model roll may replace its process meanwhile."""
+        try:
+            local_cluster.up_vllm(progress=self._say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            stop.wait()
+        finally:
+            self._say("stopping local vLLM…")
+            local_cluster.down_vllm()
+            self._say("local vLLM stopped")
+
     def _down(self) -> None:
+        if local_cluster.down_vllm():
+            self._say("local vLLM stopped")
         if local_cluster.down():
             self._say("local Triton stopped")
         else:
