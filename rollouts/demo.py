@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from fleet import audit, local_cluster
-from fleet.models import GPU, Cluster, Membership, Node, Quota, Tenant
+from fleet.models import GPU, Cluster, InferenceServer, Membership, Node, Quota, Tenant
 from fleet.runtime.triton_local import DEMO_MODELS_DIR
 from rollouts import loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
@@ -90,15 +90,23 @@ def seed(password: str, s3_endpoint: str | None = None) -> None:
         _seed(password, store)
 
 
-def request_demo_loads() -> list[ModelLoad]:
+def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
     """Load every approved demo version onto its deployment, as its tenant's deployer would.
 
-    The local Triton starts empty, so loads remembered from an earlier run are released first.
+    The local servers start empty, so loads remembered from an earlier run are released first.
     """
     server = local_cluster.register_configured()
     loads.forget_server_state(server, "the local Triton restarted with an empty repository")
+    vllm = InferenceServer.objects.filter(
+        cluster=server.cluster, name=local_cluster.VLLM_SERVER_NAME
+    ).first()
+    if vllm is not None:
+        loads.forget_server_state(vllm, "the local vLLM restarted")
     started: list[ModelLoad] = []
     for deployment in Deployment.objects.filter(cluster=server.cluster).select_related("model", "tenant"):
+        on_vllm = deployment.servers.filter(runtime=InferenceServer.Runtime.VLLM).exists()
+        if on_vllm and not with_vllm:
+            continue
         deployer = Membership.objects.filter(
             tenant=deployment.tenant, role__in=[Role.DEPLOYER, Role.ADMIN]
         ).order_by("role").first()
@@ -106,6 +114,63 @@ def request_demo_loads() -> list[ModelLoad]:
             rows, _ = loads.request_load(deployer.user, deployment, version)
             started.extend(rows)
     return started
+
+
+def seed_vllm(s3_endpoint: str) -> None:
+    """A LoRA adapter model for the local vLLM: made with peft, uploaded to S3, deployed."""
+    from fleet.adapters.s3 import S3ArtifactStore
+    from fleet.runtime import vllm_local
+
+    runtime = vllm_local.ensure_runtime(settings.DATA_DIR)
+    base = vllm_local.ensure_base_model(runtime, settings.DATA_DIR)
+    adapter = vllm_local.make_lora_adapter(runtime, base, settings.DATA_DIR / "demo" / "support-tone")
+    blob = _tar_folder(adapter, "adapter")
+    digest = hashlib.sha256(blob).hexdigest()
+    uri = "s3://switchyard-demo/support-tone/1/adapter.tar.gz"
+    store = S3ArtifactStore(settings.SWITCHYARD_ARTIFACT_CACHE, endpoint_url=s3_endpoint)
+    store.ensure_bucket("switchyard-demo")
+    store.put(uri, blob)
+    server = InferenceServer.objects.get(name=local_cluster.VLLM_SERVER_NAME, cluster__name="local")
+    with transaction.atomic():
+        acme = Tenant.objects.get(slug="acme")
+        dave = get_user_model().objects.get(username="dave")
+        model, _ = Model.objects.get_or_create(
+            tenant=acme, name="support-tone",
+            defaults={"description": "LoRA adapter on SmolLM2 that answers in the support team's tone."},
+        )
+        version = model.versions.filter(version=1).first()
+        if version is not None and version.sha256 != digest:
+            # The adapter names its base model's folder, which moves with the data folder.
+            raise RuntimeError("support-tone v1 was registered from another data folder; reset the demo")
+        if version is None:
+            ModelVersion.objects.create(
+                model=model, version=1, artifact_uri=uri, sha256=digest, size_bytes=len(blob),
+                runtime=ModelVersion.Runtime.VLLM, adapter_of=local_cluster.VLLM_BASE_MODEL,
+                estimated_gpu_memory_mib=64, status=Status.APPROVED, registered_by=dave,
+                approval_requested_by=dave, decided_by=get_user_model().objects.get(username="erin"),
+                status_reason="demo data", labels={"team": "acme", "framework": "peft"},
+            )
+        deployment, _ = Deployment.objects.get_or_create(
+            tenant=acme, name="support-tone-staging",
+            defaults={"model": model, "cluster": server.cluster, "slo_p99_ms": 2000,
+                      "description": "LoRA adapter served by the local vLLM"},
+        )
+        deployment.servers.set([server])
+
+
+def _tar_folder(folder: Path, root: str) -> bytes:
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(
+        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
+    ) as tar:
+        for path in sorted(folder.rglob("*")):
+            if path.is_dir() or path.name.startswith(".switchyard"):
+                continue
+            data = path.read_bytes()
+            info = tarfile.TarInfo(f"{root}/{path.relative_to(folder).as_posix()}")
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def _seed(password: str, store: object) -> None:

@@ -50,9 +50,15 @@ class Command(BaseCommand):
         parser.add_argument("--redis-port", type=int, default=6380, help="embedded Redis port")
         parser.add_argument("--s3-port", type=int, default=9100, help="embedded S3 (moto) port")
         parser.add_argument("--password", default="switchyard-demo", help="demo users' password")
+        parser.add_argument(
+            "--with-vllm", action="store_true",
+            help="also run a local vLLM (SmolLM2, CPU) with a LoRA adapter model; the first run "
+            "builds its runtime (a few minutes, 2.6 GB) and it needs about 4 GiB of memory",
+        )
 
     def handle(
-        self, *args: Any, port: int, redis_port: int, s3_port: int, password: str, **opts: Any
+        self, *args: Any, port: int, redis_port: int, s3_port: int, password: str,
+        with_vllm: bool, **opts: Any,
     ) -> None:
         logs = settings.DATA_DIR / "logs"
         python = sys.executable
@@ -102,8 +108,16 @@ class Command(BaseCommand):
 
             # Seeding runs as a child so it sees the demo's Redis and S3 (settings read the
             # environment once, at start): it uploads the artifacts and requests the loads.
+            if with_vllm:
+                vllm = Child("vllm", [python, manage, "local_cluster", "vllm"], logs / "local_vllm.log", env)
+                children.append(vllm)
+                vllm.start()
+                self.stdout.write("Starting the local vLLM (the first run builds its runtime: minutes)…")
+                _wait_for("local vLLM", lambda: "local vLLM ready" in vllm.tail(50), 1800, vllm)
+                self.stdout.write("vLLM ready")
             seed = Child("seed", [python, manage, "seed_demo", "--password", password,
-                                  "--s3-endpoint", s3_url, "--load"], logs / "seed.log", env)
+                                  "--s3-endpoint", s3_url, "--load", *(["--vllm"] if with_vllm else [])],
+                         logs / "seed.log", env)
             seed.start()
             assert seed.popen is not None
             if seed.popen.wait() != 0:
