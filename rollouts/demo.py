@@ -107,9 +107,8 @@ def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
         on_vllm = deployment.servers.filter(runtime=InferenceServer.Runtime.VLLM).exists()
         if on_vllm and not with_vllm:
             continue
-        deployer = Membership.objects.filter(
-            tenant=deployment.tenant, role__in=[Role.DEPLOYER, Role.ADMIN]
-        ).order_by("role").first()
+        members = Membership.objects.filter(tenant=deployment.tenant)
+        deployer = members.filter(role=Role.DEPLOYER).first() or members.filter(role=Role.ADMIN).first()
         for version in deployment.model.versions.filter(status=Status.APPROVED):
             rows, _ = loads.request_load(deployer.user, deployment, version)
             started.extend(rows)

@@ -164,8 +164,13 @@ def deployment_loads(request: HttpRequest, pk: int) -> HttpResponse:
     """The live loads panel; tells htmx to stop polling once nothing is in flight."""
     deployment = get_object_or_404(Deployment.objects.visible_to(request.user), pk=pk)
     context = _deployment_context(request, deployment)
-    status = 200 if context["in_flight"] else HTMX_STOP_POLLING
-    return render(request, "rollouts/partials/load_panel.html", context, status=status)
+    if context["in_flight"]:
+        return render(request, "rollouts/partials/load_panel.html", context)
+    # Everything settled: stop polling and refresh the page, whose other panels (placements,
+    # what the servers report, the unload buttons) changed with it.
+    response = render(request, "rollouts/partials/load_panel.html", context, status=HTMX_STOP_POLLING)
+    response["HX-Refresh"] = "true"
+    return response
 
 
 @login_required

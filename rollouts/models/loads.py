@@ -109,6 +109,14 @@ class ModelLoad(models.Model):
         )
 
     @property
+    def duration_s(self) -> float:
+        """Seconds from the request until it settled (or until now, while in flight)."""
+        from django.utils import timezone
+
+        end = self.finished_at or (self.ready_at if self.state == self.State.READY else None)
+        return ((end or timezone.now()) - self.created_at).total_seconds()
+
+    @property
     def progress_percent(self) -> int:
         if self.state in (self.State.READY, self.State.UNLOADED):
             return 100
