@@ -14,7 +14,17 @@ from django.views.decorators.http import require_POST
 
 from fleet import health, tokens
 from fleet.errors import DomainError
-from fleet.models import GPU, APIToken, Cluster, InferenceServer, Membership, Node, Quota, Tenant
+from fleet.models import (
+    GPU,
+    APIToken,
+    Cluster,
+    InferenceServer,
+    Membership,
+    Node,
+    Placement,
+    Quota,
+    Tenant,
+)
 from fleet.quota import usage_for
 from fleet.tenancy import has_role
 
@@ -49,7 +59,16 @@ def servers_partial(request: HttpRequest) -> HttpResponse:
 @login_required
 def server_detail(request: HttpRequest, pk: int) -> HttpResponse:
     server = get_object_or_404(InferenceServer.objects.visible_to(request.user), pk=pk)
-    return render(request, "fleet/server_detail.html", {"server": server, "now": timezone.now()})
+    placements = (
+        Placement.objects.visible_to(request.user)
+        .filter(server=server, state__in=Placement.HOLDING)
+        .select_related("tenant", "model_version__model")
+    )
+    return render(
+        request,
+        "fleet/server_detail.html",
+        {"server": server, "now": timezone.now(), "placements": placements},
+    )
 
 
 @login_required

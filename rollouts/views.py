@@ -64,6 +64,9 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "statuses": ModelVersion.Status.choices,
         "aliases": model.aliases.select_related("version"),
         "deployments": model.deployments.select_related("cluster"),
+        "placements": Placement.objects.filter(
+            model_version__model=model, state__in=Placement.HOLDING
+        ).select_related("server", "model_version"),
         "qs": querystring_without_page(request),
     }
     template = "rollouts/model_detail.html#versions" if request.htmx else "rollouts/model_detail.html"
