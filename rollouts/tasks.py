@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from rollouts import loads
 from rollouts.models import ModelLoad
 
 
-@shared_task(acks_late=True, ignore_result=True)
-def advance_load(load_id: int) -> None:
-    """One step of a load; the next step is enqueued at once while it makes progress."""
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def advance_load(self: Task, load_id: int) -> None:
+    """One step of a load; the next step is enqueued at once (on the same queue) while it
+    makes progress. Beat's reconcile_loads catches whatever this chain loses."""
     state = loads.advance(load_id)
     if state in ModelLoad.IN_FLIGHT:
-        advance_load.delay(load_id)
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        advance_load.apply_async((load_id,), queue=queue)
 
 
 @shared_task(ignore_result=True)
