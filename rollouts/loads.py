@@ -289,16 +289,14 @@ def _fetch(load: ModelLoad) -> Any:
 
 
 def _fetch_step(load: ModelLoad) -> None:
-    path = _fetch(load)
+    _fetch(load)
     _move(load, State.PLACING,
           f"fetched and verified {load.version.size_bytes} bytes (sha256 {load.version.sha256[:12]}…)",
           bytes_done=load.version.size_bytes)
-    _place(load, path)
 
 
-def _place(load: ModelLoad, path: Any = None) -> None:
-    if path is None:
-        path = _fetch(load)  # from the cache: the digest was verified already
+def _place(load: ModelLoad) -> None:
+    path = _fetch(load)  # from the cache: the digest was verified by the fetch step
     version = load.version
     runtime_for(load.server, lora=_is_lora(version)).place(version.model.name, version.version, path)
     _move(load, State.LOADING, f"placed into {load.server.model_repository or load.server.name}")
