@@ -14,7 +14,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from fleet.errors import QuotaExceeded
-from fleet.models import GPU, InferenceServer, Placement, Quota, Tenant
+from fleet.models import GPU, InferenceServer, Node, Placement, Quota, Tenant
 from fleet.models.quotas import CPU_CLASS
 
 
@@ -130,6 +130,8 @@ def admit(
             )
         capacity = _node_capacity_mib(server, device_class)
         if capacity is not None:
+            # Tenants share nodes: serialise admissions per node as well as per quota.
+            Node.objects.select_for_update().filter(pk=server.node_id).first()
             used_on_node = Placement.objects.filter(
                 server__node_id=server.node_id, device_class=device_class,
                 state__in=Placement.HOLDING,

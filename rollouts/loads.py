@@ -56,6 +56,16 @@ def _servers(deployment: Deployment, names: list[str] | None) -> list[InferenceS
     return servers
 
 
+def check_runtime(version: ModelVersion, servers: list[InferenceServer]) -> None:
+    wrong = [s.name for s in servers if s.runtime != version.runtime]
+    if wrong:
+        raise DomainError(
+            f"v{version.version} is a {version.get_runtime_display()} version; "
+            f"{', '.join(wrong)} run{'s' if len(wrong) == 1 else ''} another runtime",
+            field="version",
+        )
+
+
 def check_loadable(deployment: Deployment, version: ModelVersion) -> None:
     if version.model_id != deployment.model_id:
         raise DomainError(
@@ -93,6 +103,7 @@ def request_load(
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     check_loadable(deployment, version)
     servers = _servers(deployment, server_names)
+    check_runtime(version, servers)
     fingerprint = hashlib.sha256(
         f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}".encode()
     ).hexdigest()
@@ -164,12 +175,17 @@ def request_unload(
     moved: list[ModelLoad] = []
     with transaction.atomic():
         for server in servers:
-            busy = ModelLoad.objects.filter(
-                server=server, version=version, state__in=ModelLoad.IN_FLIGHT
-            ).first()
-            if busy is not None and busy.state != State.UNLOADING:
+            InferenceServer.objects.select_for_update().filter(pk=server.pk).first()
+            busy = (
+                ModelLoad.objects.filter(
+                    server=server, version__model=version.model, state__in=ModelLoad.IN_FLIGHT
+                )
+                .select_related("version")
+                .first()
+            )
+            if busy is not None and not (busy.version_id == version.pk and busy.state == State.UNLOADING):
                 raise Conflict(
-                    f"v{version.version} is {busy.state} on {server.name}: wait for it to finish",
+                    f"v{busy.version.version} is {busy.state} on {server.name}: wait for it to finish",
                     field="version",
                 )
             load = busy or ModelLoad.objects.filter(server=server, version=version, state=State.READY).first()
@@ -229,6 +245,7 @@ def _claim(load_id: int) -> ModelLoad | None:
 
 def _update(load: ModelLoad, **fields: Any) -> None:
     """Write fields only while we still hold the lease."""
+    fields.setdefault("updated_at", timezone.now())
     if not ModelLoad.objects.filter(pk=load.pk, lease_owner=load.lease_owner).update(**fields):
         raise LostLease
     for key, value in fields.items():
@@ -271,9 +288,9 @@ def _admit(load: ModelLoad) -> None:
           placement=placement)
 
 
-def _fetch(load: ModelLoad) -> Any:
+def _fetch(load: ModelLoad, *, move: bool = True) -> Any:
     version = load.version
-    if load.state != State.FETCHING:
+    if move and load.state != State.FETCHING:
         _move(load, State.FETCHING, f"fetching {version.artifact_uri}", bytes_total=version.size_bytes, bytes_done=0)
     last = [0.0]
 
@@ -296,7 +313,8 @@ def _fetch_step(load: ModelLoad) -> None:
 
 
 def _place(load: ModelLoad) -> None:
-    path = _fetch(load)  # from the cache: the digest was verified by the fetch step
+    _renew(load)
+    path = _fetch(load, move=False)  # from the cache: the digest was verified by the fetch step
     version = load.version
     runtime_for(load.server, lora=_is_lora(version)).place(version.model.name, version.version, path)
     _move(load, State.LOADING, f"placed into {load.server.model_repository or load.server.name}")
@@ -311,6 +329,16 @@ def _load(load: ModelLoad) -> None:
     )
     if load.placement is not None:
         quota.activate(load.placement, loaded.config_hash)
+    if version.runtime == ModelVersion.Runtime.VLLM and not _is_lora(version):
+        # A new server process replaced the old one: nothing the old one served is loaded.
+        for other in ModelLoad.objects.filter(server=load.server, state=State.READY).exclude(pk=load.pk):
+            ModelLoad.objects.filter(pk=other.pk, state=State.READY).update(
+                state=State.UNLOADED, finished_at=timezone.now(), updated_at=timezone.now(),
+                unload_requested_by_label="system",
+            )
+            quota.release(other.placement)
+            _event(other, f"replaced: v{version.version} now runs in a new server process",
+                   State.UNLOADED)
     _move(load, State.READY, f"ready on {load.server.name} (config {loaded.config_hash[:12]})",
           config_hash=loaded.config_hash, ready_at=timezone.now())
 
@@ -377,10 +405,14 @@ def advance(load_id: int) -> str | None:
         return None
     except QuotaExceeded as exc:
         _fail(load, exc.message)
-    except AdapterError as exc:
+    except Exception as exc:
+        if not isinstance(exc, AdapterError):
+            log.exception("load %s: unexpected error in %s", load_id, load.state)
+            exc = AdapterError(f"{type(exc).__name__}: {exc}", permanent=False)
         attempts = load.attempts + 1
         if exc.permanent or attempts >= settings.SWITCHYARD_LOAD_MAX_ATTEMPTS:
-            _fail(load, exc.message, getattr(exc, "server_log", ""))
+            message, _, server_log = exc.message.partition("\nserver log")
+            _fail(load, message, f"server log{server_log}" if server_log else "")
         else:
             delay = min(2**attempts, 30)
             _update(load, attempts=attempts, error=exc.message,
@@ -407,12 +439,15 @@ def due_loads() -> list[int]:
 def forget_server_state(server: InferenceServer, why: str) -> int:
     """A server came back empty (restarted): its ready loads no longer hold; release them."""
     count = 0
-    for load in ModelLoad.objects.filter(server=server, state=State.READY).select_related("placement"):
-        ModelLoad.objects.filter(pk=load.pk, state=State.READY).update(
-            state=State.UNLOADED, finished_at=timezone.now(), unload_requested_by_label="system"
-        )
+    now = timezone.now()
+    for load in ModelLoad.objects.filter(server=server, state__in=[State.READY, *ModelLoad.IN_FLIGHT]):
+        settled = State.UNLOADED if load.state in (State.READY, State.UNLOADING) else State.FAILED
+        fields = {"state": settled, "finished_at": now, "updated_at": now, "lease_owner": ""}
+        if settled == State.FAILED:
+            fields["error"] = f"interrupted: {why}"
+        ModelLoad.objects.filter(pk=load.pk, state=load.state).update(**fields)
         quota.release(load.placement)
-        _event(load, f"no longer loaded: {why}; quota released", State.UNLOADED)
+        _event(load, f"no longer loaded: {why}; quota released", settled)
         count += 1
     return count
 

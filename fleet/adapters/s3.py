@@ -336,9 +336,24 @@ class S3ArtifactStore:
                 hit = self._cache_hit(target, size)
                 if hit is None:
                     return self._download(location, digest, size, target, progress)
+        # A hit saves the download, not the permission check: a HEAD proves the caller can
+        # still read this object (the cache is shared by every tenant a worker serves).
+        self._confirm(location, size)
         if progress is not None:
             progress(size, size)
         return hit
+
+    def _confirm(self, location: S3Location, size: int) -> None:
+        try:
+            head = self._client.head_object(Bucket=location.bucket, Key=location.key)
+        except (bexc.ClientError, bexc.BotoCoreError) as exc:
+            raise self._error(exc, location.bucket, location.key) from exc
+        if head.get("ContentLength") != size:
+            raise AdapterError(
+                f"s3://{location.bucket}/{location.key} is {head.get('ContentLength')} bytes, "
+                f"not the {size} registered",
+                permanent=True,
+            )
 
     @staticmethod
     def _cache_hit(target: Path, size: int) -> Path | None:

@@ -118,12 +118,16 @@ class ModelLoad(models.Model):
 
     @property
     def progress_percent(self) -> int:
+        """Share of the way done: phases in order, the download counted by its bytes."""
         if self.state in (self.State.READY, self.State.UNLOADED):
             return 100
+        if self.state == self.State.UNLOADING:
+            return 50
+        steps = {self.State.PENDING: 0, self.State.ADMITTED: 10, self.State.FETCHING: 10,
+                 self.State.PLACING: 60, self.State.LOADING: 75}
         if self.state == self.State.FETCHING and self.bytes_total:
-            return min(round(100 * self.bytes_done / self.bytes_total), 100)
-        order = {s: i for i, s in enumerate(self.LOAD_PHASES)}
-        return round(100 * order.get(self.state, 0) / (len(self.LOAD_PHASES) - 1))
+            return 10 + min(round(50 * self.bytes_done / self.bytes_total), 50)
+        return steps.get(self.state, 0)
 
 
 class ModelLoadEvent(models.Model):

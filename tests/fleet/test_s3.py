@@ -83,9 +83,14 @@ def test_fetch_verifies_and_caches(s3_store: S3ArtifactStore, artifact_bucket: s
     assert cache_entries(s3_store) == [digest]
     assert s3_store.cache_size() == size
 
-    # The object is gone from S3, yet the second fetch succeeds without a request.
-    s3_store.delete(uri)
+    # The second fetch comes from the cache: no second download.
     assert s3_store.fetch(uri, sha256=digest.upper(), size=size) == path
+    assert len(gets) == 1
+
+    # But a hit still proves access: once the object is gone, the cached copy is not handed out.
+    s3_store.delete(uri)
+    with pytest.raises(AdapterError, match=f"no object at {uri}"):
+        s3_store.fetch(uri, sha256=digest, size=size)
     assert len(gets) == 1
 
     assert s3_store.evict(digest) is True
@@ -93,7 +98,7 @@ def test_fetch_verifies_and_caches(s3_store: S3ArtifactStore, artifact_bucket: s
     assert s3_store.cache_size() == 0
     with pytest.raises(AdapterError, match=f"no object at {uri}"):
         s3_store.fetch(uri, sha256=digest, size=size)
-    assert len(gets) == 2
+    assert len(gets) == 2  # not cached any more: a real GET, answered 404
 
 
 def test_put_from_file_and_empty_object(
