@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from django.conf import settings
@@ -12,14 +13,26 @@ from fleet.models import Cluster, InferenceServer
 
 def artifact_store_for(cluster: Cluster) -> ArtifactStore:
     """An S3 store for the cluster's endpoint (or the default), caching by digest."""
+    return _store(
+        str(settings.SWITCHYARD_ARTIFACT_CACHE),
+        cluster.s3_endpoint_url or settings.SWITCHYARD_S3_ENDPOINT_URL,
+        cluster.s3_region or settings.SWITCHYARD_S3_REGION,
+        settings.SWITCHYARD_S3_ACCESS_KEY_ID,
+        settings.SWITCHYARD_S3_SECRET_ACCESS_KEY,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _store(
+    cache_dir: str, endpoint: str | None, region: str, key_id: str | None, secret: str | None
+) -> ArtifactStore:
+    # One store per endpoint and credentials: a boto3 client costs ~80 ms to build and is
+    # thread-safe, so every load of a worker shares it.
     from fleet.adapters.s3 import S3ArtifactStore
 
     return S3ArtifactStore(
-        Path(settings.SWITCHYARD_ARTIFACT_CACHE),
-        endpoint_url=cluster.s3_endpoint_url or settings.SWITCHYARD_S3_ENDPOINT_URL,
-        region=cluster.s3_region or settings.SWITCHYARD_S3_REGION,
-        access_key_id=settings.SWITCHYARD_S3_ACCESS_KEY_ID,
-        secret_access_key=settings.SWITCHYARD_S3_SECRET_ACCESS_KEY,
+        Path(cache_dir), endpoint_url=endpoint, region=region, access_key_id=key_id,
+        secret_access_key=secret,
     )
 
 

@@ -254,8 +254,9 @@ def _update(load: ModelLoad, **fields: Any) -> None:
 
 def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
     now = timezone.now()
-    _update(load, state=to, phase_started_at=now, attempts=0, next_attempt_at=None, **fields)
-    _event(load, message, to)
+    with transaction.atomic():  # the state and its event, together
+        _update(load, state=to, phase_started_at=now, attempts=0, next_attempt_at=None, **fields)
+        _event(load, message, to)
 
 
 def _renew(load: ModelLoad, *, blocking_call: bool = False) -> None:

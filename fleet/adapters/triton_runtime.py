@@ -64,7 +64,7 @@ LOADING = "LOADING"
 UNLOADING = "UNLOADING"
 UNAVAILABLE = "UNAVAILABLE"
 CONFIG_NAME = "config.pbtxt"
-POLL_INTERVAL = 0.1
+POLL_INTERVAL = 0.02  # Triton settles in ~0.1 s steps: do not add a step of our own
 # After a load call that succeeded, how long a version that is not READY (and not LOADING) is
 # given to become READY before the load is reported as failed.
 SETTLE_SECONDS = 2.0
