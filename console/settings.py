@@ -159,6 +159,13 @@ SWITCHYARD_LOAD_LEASE_S = env_float("SWITCHYARD_LOAD_LEASE_S", 30.0, minimum=1.0
 SWITCHYARD_LOAD_MAX_ATTEMPTS = env_int("SWITCHYARD_LOAD_MAX_ATTEMPTS", 5, minimum=1)
 SWITCHYARD_RECONCILE_INTERVAL_S = env_float("SWITCHYARD_RECONCILE_INTERVAL_S", 2.0, minimum=0.5)
 
+# Live latency (rollouts/latency.py): scrape every server's /metrics this often.
+SWITCHYARD_SCRAPE_INTERVAL_S = env_float("SWITCHYARD_SCRAPE_INTERVAL_S", 1.0, minimum=0.5)
+SWITCHYARD_SCRAPE_TIMEOUT_S = env_float("SWITCHYARD_SCRAPE_TIMEOUT_S", 0.8, minimum=0.1)
+# Prefix of every Redis key Switchyard writes besides the Celery broker's (one Redis may serve
+# several installations).
+SWITCHYARD_REDIS_PREFIX = env_str("SWITCHYARD_REDIS_PREFIX", "switchyard")
+
 # --- Celery (namespace CELERY_) ------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
@@ -171,6 +178,16 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
 SWITCHYARD_HEALTH_INTERVAL_S = env_float("SWITCHYARD_HEALTH_INTERVAL_S", 3.0, minimum=1.0)
 SWITCHYARD_PROBE_TIMEOUT_S = env_float("SWITCHYARD_PROBE_TIMEOUT_S", 2.0, minimum=0.1)
 CELERY_BEAT_SCHEDULE = {
+    "scrape-latency": {
+        "task": "rollouts.tasks.scrape_latency",
+        "schedule": timedelta(seconds=SWITCHYARD_SCRAPE_INTERVAL_S),
+        "options": {"expires": SWITCHYARD_SCRAPE_INTERVAL_S},
+    },
+    "prune-latency-rollups": {
+        "task": "rollouts.tasks.prune_latency",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 600},
+    },
     "reconcile-model-loads": {
         "task": "rollouts.tasks.reconcile_loads",
         "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),

@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_POST
 
-from fleet import health, tokens
+from fleet import health, loadstats, tokens
 from fleet.errors import DomainError
 from fleet.models import (
     GPU,
@@ -50,10 +50,14 @@ def overview(request: HttpRequest) -> HttpResponse:
 @login_required
 def servers_partial(request: HttpRequest) -> HttpResponse:
     """The live server table, re-rendered every few seconds by htmx."""
-    servers = InferenceServer.objects.visible_to(request.user).select_related("cluster", "node")
-    return render(
-        request, "fleet/partials/server_table.html", {"servers": servers, "now": timezone.now()}
-    )
+    servers = list(InferenceServer.objects.visible_to(request.user).select_related("cluster", "node"))
+    loads = loadstats.server_loads([s.pk for s in servers])
+    now = timezone.now()
+    for server in servers:
+        load = loads.get(server.pk)
+        server.load_rps = load["rps"] if load else None
+        server.load_age_s = now.timestamp() - load["t"] if load else None
+    return render(request, "fleet/partials/server_table.html", {"servers": servers, "now": now})
 
 
 @login_required

@@ -1,10 +1,10 @@
-"""Celery tasks for loads. Thin: they call the domain and return."""
+"""Celery tasks for loads and live latency. Thin: they call the domain and return."""
 
 from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts import loads
+from rollouts import latency, loads
 from rollouts.models import ModelLoad
 
 
@@ -25,3 +25,15 @@ def reconcile_loads() -> int:
     for load_id in due:
         advance_load.delay(load_id)
     return len(due)
+
+
+@shared_task(ignore_result=True)
+def scrape_latency() -> dict[str, int]:
+    """Beat tick: scrape every deployment's servers once and record the live window."""
+    return latency.tick()
+
+
+@shared_task(ignore_result=True)
+def prune_latency() -> int:
+    """Hourly: drop latency rollups older than 30 days."""
+    return latency.prune()

@@ -11,6 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
@@ -154,6 +155,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "aliases": deployment.model.aliases.select_related("version"),
         "loadable": loadable,
         "can_deploy": has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER),
+        "latency_url": reverse("api:deployment-latency", args=[deployment.pk]),
         "placements": Placement.objects.filter(
             server__in=deployment.servers.all(), model_version__model=deployment.model,
             state__in=Placement.HOLDING,

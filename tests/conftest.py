@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.celery_worker",
     "tests.fixtures.s3",
     "tests.fixtures.vllm",
+    "tests.fixtures.prometheus",
 ]
 
 Role = Membership.Role
@@ -110,3 +111,12 @@ def enqueued_loads(monkeypatch):
     sent: list[int] = []
     monkeypatch.setattr("rollouts.tasks.advance_load.delay", sent.append)
     return sent
+
+
+@pytest.fixture(autouse=True)
+def redis_prefix(settings):
+    """Every test writes its Redis keys (latency windows, server loads) under its own prefix."""
+    import uuid
+
+    settings.SWITCHYARD_REDIS_PREFIX = f"switchyard-test-{uuid.uuid4().hex[:12]}"
+    return settings.SWITCHYARD_REDIS_PREFIX

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
 from fleet.errors import DomainError
-from rollouts import approvals, deployments, loads, registry
+from rollouts import approvals, deployments, latency, loads, registry
 from rollouts.api import serializers as s
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 
@@ -164,6 +164,22 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
     )
     serializer_class = s.DeploymentSerializer
     filterset_fields = {"tenant__slug": ["exact"], "model": ["exact"], "production": ["exact"]}
+
+    @extend_schema(
+        parameters=[OpenApiParameter("window", int, description="seconds back (60 to 2592000; default 900)")],
+        responses={200: OpenApiResponse(description="p50/p95/p99, rate and error rate per version")},
+    )
+    @action(detail=True, methods=["get"])
+    def latency(self, request: Request, pk: str | None = None) -> Response:
+        """Live latency per version: full resolution for 15 minutes, minute rollups beyond."""
+        raw = request.query_params.get("window", "900")
+        try:
+            window = int(raw)
+        except ValueError:
+            raise DomainError(f"must be a number of seconds, got {raw!r}", field="window") from None
+        if not 60 <= window <= 30 * 86400:
+            raise DomainError("must be between 60 and 2592000 seconds (30 days)", field="window")
+        return Response(latency.series(self.get_object(), window))
 
     def perform_create(self, serializer: s.DeploymentSerializer) -> None:
         data = dict(serializer.validated_data)

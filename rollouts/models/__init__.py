@@ -1,5 +1,14 @@
 from .deployments import Deployment
+from .latency import LatencyRollup
 from .loads import ModelLoad, ModelLoadEvent
 from .registry import Alias, Model, ModelVersion
 
-__all__ = ["Alias", "Deployment", "Model", "ModelLoad", "ModelLoadEvent", "ModelVersion"]
+__all__ = [
+    "Alias",
+    "Deployment",
+    "LatencyRollup",
+    "Model",
+    "ModelLoad",
+    "ModelLoadEvent",
+    "ModelVersion",
+]

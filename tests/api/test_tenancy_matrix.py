@@ -440,6 +440,7 @@ OPS: list[Op] = [
        200, writer="role", role="deployer", below=("bob",),
        payload=lambda w: {"description": "changed"},
        done=lambda w, body: fresh(w.deployment_a).description == "changed"),
+    Op("deployment", "latency", "GET", "deployments/{deployment_a}/latency/", Deployment, "bob", 200),
     # --- model loads
     *read_ops("load", "loads", ModelLoad, ("load_a", "load_b")),
     Op("load", "create", "POST", "loads/", ModelLoad, "dave", 202, writer="role",
