@@ -138,3 +138,32 @@ def test_the_api_returns_the_series_to_members_only(deployment, local_triton, cl
     assert ok.json()["window_s"] == 300
     assert bad.status_code == 400 and "window" in bad.json()
     assert hidden.status_code == 404
+
+
+@pytest.mark.vllm
+def test_a_vllm_deployment_shows_time_to_first_token_and_inter_token_latency(local_vllm):
+    cluster = ClusterFactory(name="latency-vllm")
+    server = InferenceServerFactory(
+        cluster=cluster, name="vllm", runtime=InferenceServer.Runtime.VLLM,
+        http_url=local_vllm.http_url, metrics_url=f"{local_vllm.http_url}/metrics",
+    )
+    model = ModelFactory(name=local_vllm.served_model_name)
+    dep = DeploymentFactory(tenant=model.tenant, model=model, cluster=cluster, name="chat")
+    dep.servers.set([server])
+    latency.tick()
+    with httpx.Client(base_url=local_vllm.http_url, timeout=60) as client:
+        for _ in range(3):
+            answer = client.post("/v1/completions", json={
+                "model": local_vllm.served_model_name, "prompt": "The sea is", "max_tokens": 8,
+                "temperature": 0})
+            assert answer.status_code == 200
+    time.sleep(0.2)
+    latency.tick()
+
+    point = latency.series(dep)["versions"][local_vllm.served_model_name]["points"][-1]
+    rollup = LatencyRollup.objects.get(deployment=dep)
+
+    assert rollup.requests == 3
+    assert 0 < point["ttft_p50_ms"] < 60_000
+    assert 0 < point["itl_p50_ms"] < 60_000
+    assert point["p50_ms"] >= point["ttft_p50_ms"]
