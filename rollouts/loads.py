@@ -224,7 +224,7 @@ def _claim(load_id: int) -> ModelLoad | None:
     now = timezone.now()
     with transaction.atomic():
         load = (
-            ModelLoad.objects.select_for_update(skip_locked=True)
+            ModelLoad.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("version__model", "server__cluster", "server__node", "deployment", "tenant")
             .filter(pk=load_id)
             .first()
