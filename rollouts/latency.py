@@ -10,6 +10,7 @@ the current minute is upserted into ``LatencyRollup`` (kept 30 days) on every ti
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import redis
 from django.conf import settings
 from django.utils import timezone
@@ -34,7 +36,10 @@ log = logging.getLogger(__name__)
 WINDOW_S = 15 * 60
 ROLLUP_KEEP = timedelta(days=30)
 MAX_PARALLEL = 32
-FIELDS = ("rps", "error_rate", "p50_ms", "p95_ms", "p99_ms", "avg_ms", "ttft_p50_ms", "itl_p50_ms")
+FIELDS = (
+    "rps", "error_rate", "p50_ms", "p95_ms", "p99_ms", "avg_ms", "ttft_p50_ms", "ttft_p99_ms",
+    "itl_p50_ms",
+)
 
 
 def _redis() -> redis.Redis:
@@ -42,7 +47,7 @@ def _redis() -> redis.Redis:
 
 
 def _series_key(deployment_id: int, label: str) -> str:
-    return f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:{deployment_id}:{label}"
+    return f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:{deployment_id}:series:{label}"
 
 
 def _labels_key(deployment_id: int) -> str:
@@ -61,12 +66,12 @@ class Scraped:
     error: str = ""
 
 
-def _scrape(server: InferenceServer, timeout: float) -> Scraped:
+def _scrape(server: InferenceServer, timeout: float, client: httpx.Client) -> Scraped:
     kind = "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
     url = server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
     taken = time.time()
     try:
-        return Scraped(server, taken, metrics.fetch_text(kind, url, timeout))
+        return Scraped(server, taken, metrics.fetch_text(kind, url, timeout, client))
     except AdapterError as exc:
         return Scraped(server, taken, None, exc.message)
 
@@ -111,6 +116,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
         return max(values) if values else None
 
     return {
+        "seconds": max(w.seconds for w in parts),
         "requests": requests,
         "failures": failures,
         "rps": sum(w.rps for w in parts),
@@ -120,6 +126,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
         "p95_ms": worst("p95_ms"),
         "p99_ms": worst("p99_ms"),
         "ttft_p50_ms": weighted("ttft_p50_ms"),
+        "ttft_p99_ms": worst("ttft_p99_ms"),
         "itl_p50_ms": weighted("itl_p50_ms"),
     }
 
@@ -132,13 +139,29 @@ def tick(timeout: float | None = None) -> dict[str, int]:
     if not servers:
         return {"servers": 0, "points": 0}
     store = _redis()
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(servers))) as pool:
-        results = list(pool.map(lambda s: _scrape(s, timeout), servers.values()))
+    # One tick at a time: two overlapping ticks would diff against each other's baselines.
+    lock = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:tick", timeout=30, blocking=False)
+    if not lock.acquire():
+        return {"servers": len(servers), "points": 0, "skipped": 1}
+    try:
+        return _tick(store, deployments, servers, timeout)
+    finally:
+        with contextlib.suppress(redis.exceptions.LockError):
+            lock.release()
+
+
+def _tick(store: redis.Redis, deployments: list[Deployment], servers: dict[int, InferenceServer],
+          timeout: float) -> dict[str, int]:
+    limits = httpx.Limits(max_connections=MAX_PARALLEL, max_keepalive_connections=MAX_PARALLEL)
+    with httpx.Client(limits=limits) as client, ThreadPoolExecutor(
+        max_workers=min(MAX_PARALLEL, len(servers))
+    ) as pool:
+        results = list(pool.map(lambda s: _scrape(s, timeout, client), servers.values()))
     windows: dict[int, dict[tuple[str, str], Any]] = {}
     for scraped in results:
         if scraped.text is None:
+            # The previous scrape stays: the next success spans the gap at the right rate.
             log.info("metrics of %s: %s", scraped.server, scraped.error)
-            store.delete(_prev_key(scraped.server.pk))
             continue
         windows[scraped.server.pk] = _windows(scraped, store)
         load = sum(w.rps for w in windows[scraped.server.pk].values())
@@ -183,7 +206,8 @@ def _roll_up(store: redis.Redis, deployment: Deployment, label: str, now: float)
         return
     requests = sum(p["requests"] for p in points)
     failures = sum(p["failures"] for p in points)
-    span = max(now - start, 1.0)
+    # The seconds the points cover, not the minute's: scraping may have started mid-minute.
+    span = max(sum(p.get("seconds", 0.0) for p in points), 1.0)
 
     def mean(name: str) -> float | None:
         pairs = [(p[name], p["requests"]) for p in points if p.get(name) is not None]
@@ -238,7 +262,8 @@ def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
         ).order_by("minute")
         for row in rows:
             versions.setdefault(row.label, {"label": row.label, "points": []})["points"].append(
-                {"t": row.minute.timestamp() + 60, **{f: getattr(row, f) for f in FIELDS}}
+                {"t": min(row.minute.timestamp() + 60, now),
+                 **{f: getattr(row, f, None) for f in FIELDS}}
             )
     newest = max((v["points"][-1]["t"] for v in versions.values() if v["points"]), default=None)
     return {
