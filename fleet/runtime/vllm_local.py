@@ -32,6 +32,11 @@ from pathlib import Path
 
 import httpx
 
+from fleet.runtime.processes import alive as _alive
+from fleet.runtime.processes import group_members as _group_members
+from fleet.runtime.processes import proc_stat as _proc_stat
+from fleet.runtime.processes import tail as _tail_lines
+
 VLLM_VERSION = "0.32.0"
 RUNTIME_NAME = "vllm-0.32"
 MARKER_NAME = ".switchyard-runtime.json"
@@ -163,17 +168,6 @@ def _load_marker(venv_dir: Path) -> VLLMRuntime | None:
     return runtime
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """Return the last ``lines`` lines of a text file ("" when unreadable)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def _run_logged(
@@ -459,33 +453,10 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """Return (state, process group id) of ``pid`` from /proc, or None if it does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[2])
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    stat = _proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _proc_stat(int(entry.name))
-        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -814,3 +785,7 @@ def start_vllm(
             continue
         raise RuntimeError(f"{problem}; last lines of {log_path}:\n{tail}")
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    return _tail_lines(path, lines)
