@@ -140,7 +140,7 @@ def tick(timeout: float | None = None) -> dict[str, int]:
         return {"servers": 0, "points": 0}
     store = _redis()
     # One tick at a time: two overlapping ticks would diff against each other's baselines.
-    lock = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:tick", timeout=30, blocking=False)
+    lock = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:tick", timeout=5, blocking=False)
     if not lock.acquire():
         return {"servers": len(servers), "points": 0, "skipped": 1}
     try:
@@ -166,7 +166,8 @@ def _tick(store: redis.Redis, deployments: list[Deployment], servers: dict[int, 
         windows[scraped.server.pk] = _windows(scraped, store)
         load = sum(w.rps for w in windows[scraped.server.pk].values())
         loadstats.record(scraped.server.pk, scraped.taken_at, load, store)
-    now = time.time()
+    # Points are stamped with when the data was read, not when the slowest scrape gave up.
+    now = max((r.taken_at for r in results if r.text is not None), default=time.time())
     points = 0
     pipe = store.pipeline()
     rollups: list[tuple[Deployment, str, dict[str, Any]]] = []
