@@ -86,6 +86,19 @@ def _event(load: ModelLoad, message: str, state: str | None = None) -> None:
     ModelLoadEvent.objects.create(load=load, state=state or load.state, message=message)
 
 
+def _lock_and_find_busy(server: InferenceServer, version: ModelVersion) -> ModelLoad | None:
+    """Lock the server row (requests per server go one at a time: the check and the write
+    belong together) and return a load or unload of the same model in flight on it."""
+    InferenceServer.objects.select_for_update().filter(pk=server.pk).first()
+    return (
+        ModelLoad.objects.filter(
+            server=server, version__model=version.model, state__in=ModelLoad.IN_FLIGHT
+        )
+        .select_related("version")
+        .first()
+    )
+
+
 def request_load(
     actor: Any,
     deployment: Deployment,
@@ -122,15 +135,7 @@ def request_load(
     created: list[ModelLoad] = []
     with transaction.atomic():
         for server in servers:
-            # Serialise requests per server: the in-flight check and the insert go together.
-            InferenceServer.objects.select_for_update().filter(pk=server.pk).first()
-            busy = (
-                ModelLoad.objects.filter(
-                    server=server, version__model=version.model, state__in=ModelLoad.IN_FLIGHT
-                )
-                .select_related("version")
-                .first()
-            )
+            busy = _lock_and_find_busy(server, version)
             if busy is not None:
                 raise Conflict(
                     f"{busy.get_state_display().lower()} of {version.model.name} "
@@ -175,14 +180,7 @@ def request_unload(
     moved: list[ModelLoad] = []
     with transaction.atomic():
         for server in servers:
-            InferenceServer.objects.select_for_update().filter(pk=server.pk).first()
-            busy = (
-                ModelLoad.objects.filter(
-                    server=server, version__model=version.model, state__in=ModelLoad.IN_FLIGHT
-                )
-                .select_related("version")
-                .first()
-            )
+            busy = _lock_and_find_busy(server, version)
             if busy is not None and not (busy.version_id == version.pk and busy.state == State.UNLOADING):
                 raise Conflict(
                     f"v{busy.version.version} is {busy.state} on {server.name}: wait for it to finish",

@@ -154,6 +154,28 @@ def run_with_deadline(fn: Callable[[], T], timeout: float, on_timeout: Callable[
     return on_timeout()
 
 
+def probe_within(
+    http_url: str, timeout: float, steps: Callable[[str, float], ServerProbe]
+) -> ServerProbe:
+    """Run an engine's probe ``steps(base_url, start)`` with a hard deadline.
+
+    Whatever the server does, the answer comes within ``timeout``: past it, a not-ready
+    ServerProbe naming the URL and the time waited.
+    """
+    base = http_url.rstrip("/")
+    start = time.monotonic()
+
+    def on_timeout() -> ServerProbe:
+        return ServerProbe(
+            ready=False,
+            live=False,
+            error=f"timed out after {timeout:.1f} s at {base}",
+            latency_ms=elapsed_ms(start),
+        )
+
+    return run_with_deadline(lambda: steps(base, start), timeout, on_timeout)
+
+
 def elapsed_ms(start: float) -> float:
     """Milliseconds since ``start`` (a ``time.monotonic()`` reading)."""
     return (time.monotonic() - start) * 1000.0

@@ -7,7 +7,6 @@ itself satisfies :class:`fleet.adapters.base.ServerProbeAdapter`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 import httpx
@@ -19,8 +18,8 @@ from fleet.adapters.base import (
     ServerProbe,
     elapsed_ms,
     parse_json,
+    probe_within,
     request,
-    run_with_deadline,
 )
 
 ENGINE = "triton"
@@ -112,15 +111,6 @@ def probe(
     total of ``timeout`` seconds. Transport failures give ``ready=False`` with a readable
     ``error``; HTTP error statuses are reported in ``error`` next to what was learned.
     """
-    base = http_url.rstrip("/")
-    start = time.monotonic()
-
-    def on_timeout() -> ServerProbe:
-        return ServerProbe(
-            ready=False,
-            live=False,
-            error=f"timed out after {timeout:.1f} s at {base}",
-            latency_ms=elapsed_ms(start),
-        )
-
-    return run_with_deadline(lambda: _probe(base, timeout, headers, start), timeout, on_timeout)
+    return probe_within(
+        http_url, timeout, lambda base, start: _probe(base, timeout, headers, start)
+    )

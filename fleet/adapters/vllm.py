@@ -16,7 +16,6 @@ import json
 import shutil
 import tarfile
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from fleet.adapters.base import (
     describe_http_error,
     elapsed_ms,
     parse_json,
+    probe_within,
     request,
-    run_with_deadline,
 )
 
 ENGINE = "vllm"
@@ -126,18 +125,9 @@ def probe(
     started with ``--api-key``. Transport failures give ``ready=False`` with a readable
     ``error``; HTTP error statuses are reported in ``error`` next to what was learned.
     """
-    base = http_url.rstrip("/")
-    start = time.monotonic()
-
-    def on_timeout() -> ServerProbe:
-        return ServerProbe(
-            ready=False,
-            live=False,
-            error=f"timed out after {timeout:.1f} s at {base}",
-            latency_ms=elapsed_ms(start),
-        )
-
-    return run_with_deadline(lambda: _probe(base, timeout, headers, start), timeout, on_timeout)
+    return probe_within(
+        http_url, timeout, lambda base, start: _probe(base, timeout, headers, start)
+    )
 
 
 # --------------------------------------------------------------------------------------------

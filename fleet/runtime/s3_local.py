@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,9 @@ from pathlib import Path
 
 import httpx
 
+from fleet.runtime.processes import free_port as _free_port
+from fleet.runtime.processes import tail as _tail_lines
+
 DEMO_ACCESS_KEY_ID = "switchyard"
 DEMO_SECRET_ACCESS_KEY = "switchyard-secret"
 DEMO_REGION = "us-east-1"
@@ -40,20 +42,6 @@ LOG_TAIL_LINES = 20
 _PROBE_PATH = "/moto-api/data.json"
 # Environment variables of the parent that would change how the server behaves.
 _SCRUBBED_ENV = ("INITIAL_NO_AUTH_ACTION_COUNT", "MOTO_PORT", "TEST_SERVER_MODE")
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -249,3 +237,7 @@ def enable_iam(endpoint_url: str, *, after_requests: int = 0, timeout: float = 5
         timeout=timeout,
     )
     response.raise_for_status()
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    return _tail_lines(path, lines)

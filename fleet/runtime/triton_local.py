@@ -15,25 +15,42 @@ See ``shared/design/TRITON.md`` for the measured facts behind the choices made h
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from fleet.runtime.processes import alive as _alive
-from fleet.runtime.processes import group_members as _group_members
-from fleet.runtime.processes import proc_stat as _proc_stat
+from fleet.runtime.processes import (
+    alive as _alive,
+)
+from fleet.runtime.processes import (
+    file_lock as _file_lock,
+)
+from fleet.runtime.processes import (
+    free_ports as _free_ports,
+)
+from fleet.runtime.processes import (
+    group_members as _group_members,
+)
+from fleet.runtime.processes import (
+    proc_stat as _proc_stat,
+)
+from fleet.runtime.processes import (
+    python_minor as _python_minor,
+)
+from fleet.runtime.processes import run_logged
+from fleet.runtime.processes import (
+    say as _say,
+)
 from fleet.runtime.processes import tail as _tail_lines
 
 PYTRITON_VERSION = "0.7.0"
@@ -112,27 +129,6 @@ class TritonRuntime:
         )
 
 
-def _python_minor() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def _say(progress: ProgressFn | None, message: str) -> None:
-    if progress is not None:
-        progress(message)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (serialises concurrent ensure_runtime)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _load_marker(venv_dir: Path) -> TritonRuntime | None:
     """Return the runtime recorded in the marker if it is complete and usable, else None."""
     marker = venv_dir / MARKER_NAME
@@ -153,18 +149,6 @@ def _load_marker(venv_dir: Path) -> TritonRuntime | None:
     if not all(p.exists() for p in needed):
         return None
     return runtime
-
-
-def _run_logged(cmd: Sequence[str], log: Path, what: str) -> None:
-    """Run ``cmd`` appending its output to ``log``; raise RuntimeError with the log tail."""
-    with log.open("a") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n")
-        fh.flush()
-        result = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{what} failed (exit {result.returncode}); last lines of {log}:\n{_tail(log)}"
-        )
 
 
 def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> TritonRuntime:
@@ -289,28 +273,6 @@ def write_demo_repository(dest: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Processes, ports, shared memory
 # --------------------------------------------------------------------------------------------
-
-
-def _free_ports(host: str, count: int) -> list[int]:
-    """Return ``count`` distinct ports that were free on ``host`` a moment ago."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-
-
-
-
-
-
 
 
 def _shm_files_mapped_by(pids: Sequence[int]) -> set[str]:
@@ -653,3 +615,7 @@ def start_triton(
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return _tail_lines(path, lines)
+
+
+def _run_logged(cmd: Sequence[str], log: Path, what: str, **kwargs: object) -> None:
+    run_logged(cmd, log, what, tail_lines=LOG_TAIL_LINES, **kwargs)  # type: ignore[arg-type]

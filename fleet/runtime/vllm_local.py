@@ -16,25 +16,42 @@ See ``shared/design/VLLM.md`` for the measured facts behind the choices made her
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from fleet.runtime.processes import alive as _alive
-from fleet.runtime.processes import group_members as _group_members
-from fleet.runtime.processes import proc_stat as _proc_stat
+from fleet.runtime.processes import (
+    alive as _alive,
+)
+from fleet.runtime.processes import (
+    file_lock as _file_lock,
+)
+from fleet.runtime.processes import (
+    free_port as _free_port,
+)
+from fleet.runtime.processes import (
+    group_members as _group_members,
+)
+from fleet.runtime.processes import (
+    proc_stat as _proc_stat,
+)
+from fleet.runtime.processes import (
+    python_minor as _python_minor,
+)
+from fleet.runtime.processes import run_logged
+from fleet.runtime.processes import (
+    say as _say,
+)
 from fleet.runtime.processes import tail as _tail_lines
 
 VLLM_VERSION = "0.32.0"
@@ -124,27 +141,6 @@ class VLLMRuntime:
         )
 
 
-def _python_minor() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
-def _say(progress: ProgressFn | None, message: str) -> None:
-    if progress is not None:
-        progress(message)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (serialises concurrent builders)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _load_marker(venv_dir: Path) -> VLLMRuntime | None:
     """Return the runtime recorded in the marker if it is complete and usable, else None."""
     try:
@@ -166,36 +162,6 @@ def _load_marker(venv_dir: Path) -> VLLMRuntime | None:
     if not all(p.exists() for p in needed):
         return None
     return runtime
-
-
-
-
-def _run_logged(
-    cmd: Sequence[str],
-    log: Path,
-    what: str,
-    env: Mapping[str, str] | None = None,
-    shown: str | None = None,
-) -> None:
-    """Run ``cmd`` appending its output to ``log``; raise RuntimeError with the log tail.
-
-    ``shown`` replaces the command line written to the log (for inline scripts).
-    """
-    with log.open("a") as fh:
-        fh.write(f"\n$ {shown or ' '.join(cmd)}\n")
-        fh.flush()
-        result = subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=None if env is None else dict(env),
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"{what} failed (exit {result.returncode}); last lines of {log}:\n{_tail(log)}"
-        )
 
 
 def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> VLLMRuntime:
@@ -444,19 +410,6 @@ def make_lora_adapter(
 # --------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------
-
-
-def _free_port(host: str) -> int:
-    """Return a port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-
-
-
-
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -789,3 +742,7 @@ def start_vllm(
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return _tail_lines(path, lines)
+
+
+def _run_logged(cmd: Sequence[str], log: Path, what: str, **kwargs: object) -> None:
+    run_logged(cmd, log, what, tail_lines=LOG_TAIL_LINES, **kwargs)  # type: ignore[arg-type]
