@@ -1,11 +1,81 @@
-"""The Celery app: Redis broker, JSON only, tasks discovered in every installed app."""
+"""The Celery app: Redis broker, JSON only, tasks discovered in every installed app.
 
+Also the one way a request hands work to the workers (``send_soon``), and the worker's
+consumer, which reconnects to a broker that came back within about a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.worker.consumer import Consumer as CeleryConsumer
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+log = logging.getLogger(__name__)
+
+# Seconds between two attempts of a worker to reach a broker it lost: the first attempt at
+# once, then 0.25 s, 0.5 s, ..., at most 1 s apart for as long as it takes. Celery's own
+# consumer waits 2, 4, 6, ... s (up to 30 s), so a worker came back up to 12 s after a broker
+# that was down for 6 s.
+RECONNECT_INTERVAL_START_S = 0.0
+RECONNECT_INTERVAL_STEP_S = 0.25
+RECONNECT_INTERVAL_MAX_S = 1.0
+
+# What a publish raises when the broker cannot be reached or answer (after the short publish
+# retry policy in settings): kombu wraps the transport's errors in OperationalError; the
+# others are what redis-py and the socket may raise past it.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (OperationalError, RedisError, OSError)
 
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def send_now(task: Task, *args: Any) -> bool:
+    """Enqueue ``task(*args)``; False (logged) when the broker cannot take it.
+
+    Never raises for a broker outage: everything sent this way is also found by a periodic
+    reconcile (beat), so a lost message only delays the work by one tick.
+    """
+    try:
+        task.delay(*args)
+    except BROKER_ERRORS as exc:
+        log.warning("could not enqueue %s%r, the broker is unreachable (%s); the next "
+                    "reconcile tick picks it up", task.name, args, exc)
+        return False
+    return True
+
+
+def send_soon(task: Task, *args: Any) -> None:
+    """Enqueue ``task(*args)`` once the current transaction commits (at once outside one).
+
+    The row the task works on is committed first, so a worker always finds it; a broker
+    outage is logged, never raised: the request that wrote the row still succeeds.
+    """
+    from django.db import transaction
+
+    transaction.on_commit(functools.partial(send_now, task, *args))
+
+
+class Consumer(CeleryConsumer):
+    """The worker's consumer, reconnecting to a lost broker at short, bounded intervals.
+
+    Celery's consumer calls ``Connection.ensure_connection`` with kombu's default intervals
+    (2 s, growing by 2 s, up to 30 s) and offers no setting for them; this passes ours.
+    """
+
+    def ensure_connected(self, conn: Any) -> Any:
+        conn.ensure_connection = functools.partial(
+            conn.ensure_connection,
+            interval_start=RECONNECT_INTERVAL_START_S,
+            interval_step=RECONNECT_INTERVAL_STEP_S,
+            interval_max=RECONNECT_INTERVAL_MAX_S,
+        )
+        return super().ensure_connected(conn)

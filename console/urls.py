@@ -1,9 +1,14 @@
 """URLs: the console, the REST API under /api/v1, its schema and docs, and the admin."""
 
+from csp.decorators import csp_update
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerSplitView,
+)
 from rest_framework.routers import DefaultRouter
 
 from fleet.api.urls import router as fleet_router
@@ -22,7 +27,16 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    # The split view serves Swagger UI's start-up script as a file: the page has no inline script.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
+    # ReDoc builds its search index in a worker made from its own bundle (a blob: URL).
+    path("api/redoc/", csp_update({"worker-src": ["'self'", "blob:"]})(
+        SpectacularRedocView.as_view(url_name="api-schema")), name="api-redoc"),
     path("admin/", admin.site.urls),
 ]
+
+# Errors raised outside DRF's views: JSON under /api/, the usual pages elsewhere.
+handler400 = "console.errors.bad_request"
+handler403 = "console.errors.permission_denied"
+handler404 = "console.errors.page_not_found"
+handler500 = "console.errors.server_error"

@@ -25,7 +25,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "pending": versions.filter(status=ModelVersion.Status.PENDING_APPROVAL).select_related(
             "model__tenant"
         )[:10],
-        "deployment_count": Deployment.objects.visible_to(user).count(),
+        "deployment_count": Deployment.objects.visible_to(user).filter(archived_at__isnull=True).count(),
         "servers": servers,
         "healthy_count": sum(s.is_healthy for s in servers),
         "usages": usage_for(list(Quota.objects.visible_to(user).select_related("tenant"))),

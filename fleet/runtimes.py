@@ -58,11 +58,21 @@ def runtime_for(server: InferenceServer, *, lora: bool = False) -> ServerRuntime
         adapters = Path(server.model_repository or settings.DATA_DIR / "vllm-adapters" / server.name)
         return VLLMAdapterRuntime(server.http_url, adapters, timeout=timeout)
     if server.runtime == InferenceServer.Runtime.VLLM and server.cluster.kind == Cluster.Kind.LOCAL:
-        from fleet import local_cluster
+        from fleet.adapters.vllm_roll import for_host_server
 
-        return local_cluster.vllm_roll_runtime(server)
+        return for_host_server(
+            settings.DATA_DIR, server.name, on_switch=lambda url, pid: _moved(server.pk, url)
+        )
     raise AdapterError(
         f"base-model versions of vLLM roll the server process, which Switchyard does on local "
         f"clusters only (server {server.name} is in a {server.cluster.kind} cluster)",
         permanent=True,
+    )
+
+
+def _moved(server_id: int, http_url: str) -> None:
+    """A rolled vLLM server listens somewhere new: point the server record there."""
+    InferenceServer.objects.filter(pk=server_id).update(
+        http_url=http_url, metrics_url=f"{http_url}/metrics",
+        health=InferenceServer.Health.UNKNOWN, health_detail="restarted on a new process",
     )

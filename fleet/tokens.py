@@ -22,7 +22,7 @@ from django.utils import timezone
 from fleet import audit
 from fleet.errors import Conflict, DomainError
 from fleet.models import APIToken, Membership, Tenant
-from fleet.tenancy import require_role
+from fleet.tenancy import require_role, token_of
 
 TOKEN_PREFIX = "sy_"
 TOKEN_RE = re.compile(r"^sy_(?P<prefix>[0-9a-f]{8})_(?P<secret>[A-Za-z0-9_-]{20,})$")
@@ -37,6 +37,17 @@ class IssuedToken:
 
 def _digest(raw: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), raw.encode(), hashlib.sha256).hexdigest()
+
+
+def person_id(actor: Any) -> int | None:
+    """The id of the person who stands behind ``actor``: the user itself, or for a token the
+    person recorded on it (who made it, or who made the token that made it)."""
+    if actor is None:
+        return None
+    token = token_of(actor)
+    if token is not None:
+        return token.created_by_id
+    return actor.pk
 
 
 def issue(
@@ -57,6 +68,7 @@ def issue(
     )
     if active.exists():
         raise Conflict(f"an active token named {name!r} already exists", field="name")
+    maker = token_of(actor)
     prefix = secrets.token_hex(4)
     while APIToken.objects.filter(prefix=prefix).exists():  # pragma: no cover - 1 in 4 billion
         prefix = secrets.token_hex(4)
@@ -67,7 +79,8 @@ def issue(
         role=role,
         prefix=prefix,
         digest=_digest(raw),
-        created_by=actor if getattr(actor, "pk", None) else None,
+        created_by_id=person_id(actor),
+        created_by_token=maker,
         expires_at=expires_at,
     )
     audit.record(actor, "created", token, tenant=tenant, after={"name": name, "role": role})

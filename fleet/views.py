@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_POST
 
 from fleet import health, loadstats, tokens
-from fleet.errors import DomainError
+from fleet.forms import TokenForm
 from fleet.models import (
     GPU,
     APIToken,
@@ -27,6 +26,7 @@ from fleet.models import (
 )
 from fleet.quota import usage_for
 from fleet.tenancy import has_role
+from fleet.visibility import reported_models, reported_models_of
 
 
 def _clusters(user: object) -> list[Cluster]:
@@ -52,8 +52,10 @@ def servers_partial(request: HttpRequest) -> HttpResponse:
     """The live server table, re-rendered every few seconds by htmx."""
     servers = list(InferenceServer.objects.visible_to(request.user).select_related("cluster", "node"))
     loads = loadstats.server_loads([s.pk for s in servers])
+    shown = reported_models(request.user, servers)
     now = timezone.now()
     for server in servers:
+        server.shown_models = shown[server.pk]
         load = loads.get(server.pk)
         server.load_rps = load["rps"] if load else None
         server.load_age_s = now.timestamp() - load["t"] if load else None
@@ -68,6 +70,7 @@ def server_detail(request: HttpRequest, pk: int) -> HttpResponse:
         .filter(server=server, state__in=Placement.HOLDING)
         .select_related("tenant", "model_version__model")
     )
+    server.shown_models = reported_models_of(request.user, server)
     return render(
         request,
         "fleet/server_detail.html",
@@ -75,12 +78,17 @@ def server_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-@login_required
-def server_status(request: HttpRequest, pk: int) -> HttpResponse:
-    server = get_object_or_404(InferenceServer.objects.visible_to(request.user), pk=pk)
+def _status(request: HttpRequest, server: InferenceServer) -> HttpResponse:
+    server.shown_models = reported_models_of(request.user, server)
     return render(
         request, "fleet/partials/server_status.html", {"server": server, "now": timezone.now()}
     )
+
+
+@login_required
+def server_status(request: HttpRequest, pk: int) -> HttpResponse:
+    server = get_object_or_404(InferenceServer.objects.visible_to(request.user), pk=pk)
+    return _status(request, server)
 
 
 @login_required
@@ -89,9 +97,7 @@ def server_check(request: HttpRequest, pk: int) -> HttpResponse:
     server = get_object_or_404(InferenceServer.objects.visible_to(request.user), pk=pk)
     health.check_server(server.pk)
     server.refresh_from_db()
-    return render(
-        request, "fleet/partials/server_status.html", {"server": server, "now": timezone.now()}
-    )
+    return _status(request, server)
 
 
 @login_required
@@ -101,58 +107,54 @@ def quotas(request: HttpRequest) -> HttpResponse:
     return render(request, template, {"usages": rows})
 
 
-@login_required
-def token_list(request: HttpRequest) -> HttpResponse:
+def _tokens_page(
+    request: HttpRequest, form: TokenForm, issued: tokens.IssuedToken | None = None, status: int = 200
+) -> HttpResponse:
     admin_tenants = [
         t for t in Tenant.objects.visible_to(request.user) if has_role(request.user, t, "admin")
     ]
-    token_rows = APIToken.objects.filter(tenant__in=admin_tenants).select_related("tenant", "created_by")
-    return render(
+    token_rows = APIToken.objects.filter(tenant__in=admin_tenants).select_related(
+        "tenant", "created_by", "created_by_token"
+    )
+    response = render(
         request,
         "fleet/tokens.html",
         {
             "tokens": token_rows,
             "tenants": admin_tenants,
             "roles": Membership.Role.choices,
-            "issued": request.session.pop("issued_token", None),
+            "form": form,
+            "issued": issued,
         },
+        status=status,
     )
+    # The page that shows a new secret is not kept by the browser or any cache on the way.
+    add_never_cache_headers(response)
+    return response
+
+
+@login_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    return _tokens_page(request, TokenForm(actor=request.user))
 
 
 @login_required
 @require_POST
 def token_create(request: HttpRequest) -> HttpResponse:
-    tenant = get_object_or_404(Tenant.objects.visible_to(request.user), slug=request.POST.get("tenant"))
-    name = request.POST.get("name", "").strip()
-    role = request.POST.get("role", Membership.Role.DEPLOYER)
-    expires_raw = request.POST.get("expires_at", "").strip()
-    expires_at = parse_datetime(expires_raw) if expires_raw else None
-    if expires_at is not None and timezone.is_naive(expires_at):
-        expires_at = timezone.make_aware(expires_at)
-    if not name:
-        messages.error(request, "Give the token a name, e.g. the pipeline that will use it.")
-    elif role not in Membership.Role.values:
-        messages.error(request, f"Unknown role {role!r}.")
-    elif expires_raw and expires_at is None:
-        messages.error(request, "The expiry date is not a date and time.")
-    else:
-        try:
-            issued = tokens.issue(request.user, tenant, name, role, expires_at)
-        except DomainError as exc:
-            messages.error(request, exc.message)
-        else:
-            request.session["issued_token"] = {"name": name, "secret": issued.secret}
-    return redirect("fleet:tokens")
+    """Issue a token and show its secret in this response only: it is never written to the
+    session, a message or the database (which keeps only its HMAC)."""
+    form = TokenForm(request.POST, actor=request.user)
+    issued = form.save()
+    if issued is None:
+        return _tokens_page(request, form, status=form.status_code)
+    return _tokens_page(request, TokenForm(actor=request.user), issued=issued)
 
 
 @login_required
 @require_POST
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     token = get_object_or_404(APIToken.objects.visible_to(request.user), pk=pk)
-    try:
-        tokens.revoke(request.user, token, request.POST.get("reason", ""))
-    except PermissionDenied as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Token {token.name} revoked.")
+    # Too low a role is a 403 page naming the role needed, as on every console action.
+    tokens.revoke(request.user, token, request.POST.get("reason", ""))
+    messages.success(request, f"Token {token.name} revoked.")
     return redirect("fleet:tokens")

@@ -1,11 +1,14 @@
 """Version approval: request, approve, reject, archive, with four-eyes and an audit trail.
 
-Four-eyes: whoever asked for approval, in person or through a token they made, may not
-approve. Decisions are made by people only (session login), never by API tokens.
+Four-eyes: whoever asked for approval, in person or through a token that stands for them
+(one they made, or one made by such a token), may not approve. The check compares persons
+and runs on the version row locked for the transition, so it sees the request it decides.
+Decisions are made by people only (session login), never by API tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -16,14 +19,23 @@ from fleet import audit
 from fleet.errors import Conflict, DomainError
 from fleet.models import Membership
 from fleet.tenancy import require_role, token_of
+from fleet.tokens import person_id
 from rollouts.models import ModelVersion
 
 Status = ModelVersion.Status
 
 
 def _transition(
-    actor: Any, version: ModelVersion, to: str, verb: str, reason: str, **fields: Any
+    actor: Any,
+    version: ModelVersion,
+    to: str,
+    verb: str,
+    reason: str,
+    check: Callable[[ModelVersion], None] | None = None,
+    **fields: Any,
 ) -> ModelVersion:
+    """Move the version to ``to`` under its row lock. ``check`` sees the locked row once the
+    transition is known to be legal, and may refuse it."""
     with transaction.atomic():
         locked = ModelVersion.objects.select_for_update().get(pk=version.pk)
         if locked.status == to:
@@ -32,6 +44,8 @@ def _transition(
             raise Conflict(
                 f"version {locked.version} is {locked.status} and cannot become {to}", field="status"
             )
+        if check is not None:
+            check(locked)
         before = {"status": locked.status}
         locked.status = to
         locked.status_reason = reason
@@ -66,20 +80,34 @@ def _require_person_approver(actor: Any, version: ModelVersion) -> None:
     require_role(actor, version.model.tenant, Membership.Role.APPROVER)
 
 
+def requester_person_id(version: ModelVersion) -> int | None:
+    """The person who asked for approval: in person, or the person behind the asking token."""
+    if version.approval_requested_by_token_id is not None:
+        return version.approval_requested_by_token.created_by_id
+    return version.approval_requested_by_id
+
+
 def is_requester(actor: Any, version: ModelVersion) -> bool:
-    if version.approval_requested_by_id is not None and version.approval_requested_by_id == actor.pk:
-        return True
-    token = version.approval_requested_by_token
-    return token is not None and token.created_by_id == actor.pk
+    person = person_id(actor)
+    return person is not None and person == requester_person_id(version)
+
+
+def _not_the_requester(actor: Any) -> Callable[[ModelVersion], None]:
+    def check(locked: ModelVersion) -> None:
+        if is_requester(actor, locked):
+            raise PermissionDenied(
+                "four-eyes rule: you requested this approval, so someone else must approve it"
+            )
+
+    return check
 
 
 def approve(actor: Any, version: ModelVersion, reason: str = "") -> ModelVersion:
     _require_person_approver(actor, version)
-    if version.status == Status.PENDING_APPROVAL and is_requester(actor, version):
-        raise PermissionDenied(
-            "four-eyes rule: you requested this approval, so someone else must approve it"
-        )
-    return _transition(actor, version, Status.APPROVED, "approved", reason, decided_by=actor)
+    return _transition(
+        actor, version, Status.APPROVED, "approved", reason,
+        check=_not_the_requester(actor), decided_by=actor,
+    )
 
 
 def reject(actor: Any, version: ModelVersion, reason: str) -> ModelVersion:

@@ -194,6 +194,7 @@ def parse_json(body: bytes, url: str) -> object:
 # --------------------------------------------------------------------------------------------
 
 ProgressFn = Callable[[int, int], None]  # (bytes done, bytes total)
+READY = "READY"  # the state a runtime's ``status`` answers for a version it serves
 
 
 @runtime_checkable
@@ -240,4 +241,16 @@ class ServerRuntime(Protocol):
 
     def remove(self, model: str, version: int) -> None:
         """Delete the version's placed files (no-op when absent)."""
+        ...
+
+    def status(self, model: str, version: int, timeout: float | None = None) -> str:
+        """The version's state as the server reports it now: ``READY``, ``LOADING``,
+        ``UNLOADING``, ``UNAVAILABLE``, or "" when the server does not list it. Raises
+        AdapterError when the server cannot be asked."""
+        ...
+
+    def served(self, model: str, version: int, timeout: float | None = None) -> LoadedVersion:
+        """The config the version runs with now and its hash, read from the server.
+
+        Raises AdapterError (permanent) when the version is not loaded."""
         ...

@@ -37,7 +37,6 @@ from __future__ import annotations
 import compileall
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import re
@@ -51,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 import tritonclient.http as triton_http
+from filelock import FileLock, Timeout
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
@@ -491,9 +491,11 @@ class TritonServerRuntime:
         ignored). Triton keeps one config per model: the versions kept are scaled in place if
         only the instance count differs and reloaded if anything else does.
 
-        No-op when the version is READY, its files were not replaced since, and the config it
-        runs with (read back from the server) shows no difference from the config that would be
-        sent (:func:`config_difference`). Otherwise the config is sent, the repository index is
+        A version of the model still LOADING or UNLOADING (a call sent by a process that died
+        goes on on the server) is waited for first, so that nothing is sent twice. No-op when
+        the version is READY, its files were not replaced since, and the config it runs with
+        (read back from the server) shows no difference from the config that would be sent
+        (:func:`config_difference`). Otherwise the config is sent, the repository index is
         polled until the version is READY, and its config is read back.
 
         Returns the read-back config and its :func:`config_hash`. Raises AdapterError: a
@@ -513,7 +515,7 @@ class TritonServerRuntime:
                 )
             wanted = self._effective_config(model, config)
             wanted_dict = json_format.MessageToDict(wanted, preserving_proto_field_name=True)
-            states = self._index(model, deadline)
+            states = self._settled_index(model, deadline)
             marker = self._replaced_marker(model, version)
             if states.get(version, ("", ""))[0] == READY and not marker.exists():
                 served = self._read_config(model, version, deadline)
@@ -542,7 +544,7 @@ class TritonServerRuntime:
         self._check_names(model, version)
         deadline = Deadline(self.timeout if timeout is None else timeout)
         with self._model_lock(model, deadline):
-            states = self._index(model, deadline)
+            states = self._settled_index(model, deadline)
             state = states.get(version, ("", ""))[0]
             if state in ("", UNAVAILABLE):
                 return
@@ -559,6 +561,24 @@ class TritonServerRuntime:
             self._wait_gone(model, version, deadline)
 
     # -- queries ------------------------------------------------------------------------------
+
+    def status(self, model: str, version: int, timeout: float | None = None) -> str:
+        """The version's state in the repository index ("" when the index does not list it)."""
+        self._check_names(model, version)
+        deadline = Deadline(self.timeout if timeout is None else timeout)
+        return self._index(model, deadline).get(version, ("", ""))[0]
+
+    def served(self, model: str, version: int, timeout: float | None = None) -> LoadedVersion:
+        """The config ``version`` runs with now (read back from the server) and its hash.
+
+        Triton keeps one config per model: loading another version changes the config of the
+        versions kept beside it, which this reads. A permanent AdapterError when the version
+        is not loaded.
+        """
+        self._check_names(model, version)
+        deadline = Deadline(self.timeout if timeout is None else timeout)
+        config = self._read_config(model, version, deadline)
+        return LoadedVersion(model, version, config_hash(config), config)
 
     def loaded_versions(self, model: str) -> dict[int, str]:
         """Version -> state (READY, LOADING, UNLOADING, UNAVAILABLE) from the repository index.
@@ -701,6 +721,27 @@ class TritonServerRuntime:
             if version.isdigit():
                 states[int(version)] = (str(entry.get("state", "")), str(entry.get("reason", "")))
         return states
+
+    def _settled_index(self, model: str, deadline: Deadline) -> dict[int, tuple[str, str]]:
+        """The model's index once none of its versions is LOADING or UNLOADING.
+
+        A load or unload sent by a process that died (a worker killed mid-load) goes on on the
+        server; deciding while it runs would send a second one, or leave a version out of the
+        set kept. Raises a transient AdapterError naming the state when it does not settle
+        within ``deadline``.
+        """
+        while True:
+            states = self._index(model, deadline)
+            moving = {v: state for v, (state, _) in states.items() if state in (LOADING, UNLOADING)}
+            if not moving:
+                return states
+            if deadline.expired():
+                shown = ", ".join(f"version {v} {state}" for v, state in sorted(moving.items()))
+                raise AdapterError(
+                    f"{model} did not settle within {deadline.seconds:.1f} s: {shown}",
+                    permanent=False,
+                )
+            time.sleep(min(POLL_INTERVAL, deadline.remaining()))
 
     def _read_config(self, model: str, version: int, deadline: Deadline) -> dict[str, Any]:
         """``GET /v2/models/<model>/versions/<version>/config`` within ``deadline``."""
@@ -874,21 +915,15 @@ class TritonServerRuntime:
     @contextlib.contextmanager
     def _model_lock(self, model: str, deadline: Deadline) -> Iterator[None]:
         """Exclusive lock on ``model`` among threads and processes of this host."""
-        path = self._work_dir("locks") / f"{model}.lock"
-        with path.open("a") as fh:
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if deadline.expired():
-                        raise AdapterError(
-                            f"another operation on {model} held its lock for "
-                            f"{deadline.seconds:.1f} s",
-                            permanent=False,
-                        ) from None
-                    time.sleep(0.05)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        lock = FileLock(self._work_dir("locks") / f"{model}.lock")
+        try:
+            lock.acquire(timeout=deadline.remaining(), poll_interval=0.05)
+        except Timeout:
+            raise AdapterError(
+                f"another operation on {model} held its lock for {deadline.seconds:.1f} s",
+                permanent=False,
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()

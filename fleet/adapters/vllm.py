@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from fleet.adapters.base import (
+    READY,
     AdapterError,
     Deadline,
     LoadedVersion,
@@ -286,6 +287,21 @@ class VLLMAdapterRuntime:
 
     def _listed(self, name: str, timeout: float) -> bool:
         return any(m.name == name for m in self.served_models(timeout))
+
+    def status(self, model: str, version: int, timeout: float | None = None) -> str:
+        """READY when ``GET /v1/models`` lists the version's adapter, "" when it does not
+        (a restarted server has forgotten every adapter loaded at runtime)."""
+        wait = self.timeout if timeout is None else timeout
+        return READY if self._listed(adapter_name(model, version), wait) else ""
+
+    def served(self, model: str, version: int, timeout: float | None = None) -> LoadedVersion:
+        """The LoadedVersion of a listed adapter (:meth:`loaded_version`); a permanent
+        AdapterError when the server does not list it."""
+        if not self.status(model, version, timeout):
+            raise AdapterError(
+                f"vLLM does not serve LoRA adapter {adapter_name(model, version)}", permanent=True
+            )
+        return self.loaded_version(model, version)
 
     def loaded_version(self, model: str, version: int) -> LoadedVersion:
         """The LoadedVersion describing the placed adapter (its hash covers name, path and

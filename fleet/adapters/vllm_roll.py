@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from fleet.adapters.base import AdapterError, LoadedVersion
+from fleet.adapters.base import READY, AdapterError, LoadedVersion
 from fleet.adapters.triton_runtime import safe_extract
 from fleet.runtime import vllm_local
 
@@ -125,6 +125,22 @@ class VLLMRollRuntime:
                 vllm_local.stop_pid(pid)
         return LoadedVersion(model, version, self._hash(served), served)
 
+    def status(self, model: str, version: int, timeout: float | None = None) -> str:
+        """READY while the pidfile's live process serves this version's folder, else ""."""
+        current = read_pidfile(self.pidfile)
+        pid = current.get("pid")
+        serving = current.get("model_dir") == str(self.model_dir(model, version))
+        return READY if serving and isinstance(pid, int) and vllm_local._alive(pid) else ""
+
+    def served(self, model: str, version: int, timeout: float | None = None) -> LoadedVersion:
+        """What the running process serves (a permanent AdapterError when it is not this
+        version)."""
+        if not self.status(model, version):
+            raise AdapterError(f"no vLLM process serves {model} v{version}", permanent=True)
+        http_url = str(read_pidfile(self.pidfile).get("http_url", ""))
+        config = self._config(model, version, http_url)
+        return LoadedVersion(model, version, self._hash(config), config)
+
     def unload(self, model: str, version: int, timeout: float) -> None:
         """Stop the server when it serves this version (no-op otherwise)."""
         if read_pidfile(self.pidfile).get("model_dir") == str(self.model_dir(model, version)):
@@ -132,3 +148,21 @@ class VLLMRollRuntime:
 
     def remove(self, model: str, version: int) -> None:
         shutil.rmtree(self.model_dir(model, version), ignore_errors=True)
+
+
+def host_pidfile(data_dir: Path, server_name: str) -> Path:
+    """The pidfile of the vLLM server ``server_name`` that this host runs from ``data_dir``."""
+    return Path(data_dir) / "local" / "run" / f"vllm-{server_name}.json"
+
+
+def for_host_server(data_dir: Path, server_name: str, *, on_switch: SwitchFn) -> VLLMRollRuntime:
+    """The roll runtime of the vLLM server ``server_name`` that this host runs from
+    ``data_dir``: model folders in ``local/vllm/models``, logs in ``local/logs``."""
+    root = Path(data_dir) / "local"
+    return VLLMRollRuntime(
+        vllm_local.ensure_runtime(Path(data_dir)),
+        root / "vllm" / "models",
+        host_pidfile(data_dir, server_name),
+        root / "logs",
+        on_switch=on_switch,
+    )

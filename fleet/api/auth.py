@@ -5,13 +5,22 @@ from __future__ import annotations
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from fleet import tokens
+from fleet import lockouts, tokens
 from fleet.models import APIToken
 from fleet.tenancy import TokenUser
 
 
+class TooManyInvalidTokens(exceptions.Throttled):
+    """429 with Retry-After, for an address locked out by ``fleet.lockouts``."""
+
+    default_detail = "Too many invalid API tokens from this address."
+    extra_detail_singular = "Try again in {wait} second."
+    extra_detail_plural = "Try again in {wait} seconds."
+
+
 class APITokenAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer sy_…``. Answers 401 with the reason for a bad token."""
+    """``Authorization: Bearer sy_…``. Answers 401 with the reason for a bad token, and 429 to
+    an address that sent too many malformed or unknown tokens (``fleet.lockouts``)."""
 
     keyword = "Bearer"
 
@@ -22,11 +31,17 @@ class APITokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() not in ("bearer", "token"):
             return None
+        address = lockouts.client_ip(request) or "unknown"
+        wait = lockouts.token_lockout_left_s(address)
+        if wait:
+            raise TooManyInvalidTokens(wait)
         raw = raw.strip()
         if not raw:
             raise exceptions.AuthenticationFailed("Authorization header has no token")
         token, why = tokens.authenticate(raw)
         if token is None:
+            if why in ("malformed token", "invalid token"):
+                lockouts.token_failed(address, why)
             raise exceptions.AuthenticationFailed(why)
         return TokenUser(token), token
 

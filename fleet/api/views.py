@@ -17,9 +17,11 @@ from rest_framework.serializers import BaseSerializer
 from fleet import audit, health, tokens
 from fleet.api import serializers as s
 from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
-from fleet.api.filters import AuditEventFilter, InferenceServerFilter
+from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
+from fleet.api.refs import IdOrNameFilter, NodeFilter
 from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
 from fleet.quota import usage_for
+from fleet.visibility import reported_models
 
 
 class TenantViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
@@ -118,24 +120,64 @@ class ClusterViewSet(AuditedFleetViewSet):
     filterset_fields = ["kind", "name"]
 
 
+class NodeFilterSet(FilterSet):
+    cluster = IdOrNameFilter(queryset=Cluster.objects.all())
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "name"]
+
+
 class NodeViewSet(AuditedFleetViewSet):
+    """Nodes. ``cluster`` is the cluster's id or name, in bodies and in the filter alike."""
+
     queryset = Node.objects.select_related("cluster")
     serializer_class = s.NodeSerializer
-    filterset_fields = ["cluster"]
+    filterset_class = NodeFilterSet
+
+
+class GPUFilterSet(FilterSet):
+    node = NodeFilter(help_text="node id, or cluster/node")
+
+    class Meta:
+        model = GPU
+        fields = ["node", "device_class"]
 
 
 class GPUViewSet(AuditedFleetViewSet):
+    """GPUs and MIG slices. ``node`` is the node's id or ``cluster/node``."""
+
     queryset = GPU.objects.select_related("node")
     serializer_class = s.GPUSerializer
-    filterset_fields = ["node", "device_class"]
+    filterset_class = GPUFilterSet
+
+
+class ServerFilterSet(InferenceServerFilter):
+    cluster = IdOrNameFilter(queryset=Cluster.objects.all())
+    node = NodeFilter(help_text="node id, or cluster/node")
+
+    class Meta(InferenceServerFilter.Meta):
+        fields = ["cluster", "node", "runtime", "health"]
 
 
 class InferenceServerViewSet(AuditedFleetViewSet):
-    """Inference servers and their observed health. POST .../check/ probes one right now."""
+    """Inference servers and their observed health. POST .../check/ probes one right now.
+
+    ``reported_models`` lists what the server reports of your tenants' models only;
+    ``other_models`` counts the rest (platform admins see every model)."""
 
     queryset = InferenceServer.objects.select_related("cluster", "node")
     serializer_class = s.InferenceServerSerializer
-    filterset_class = InferenceServerFilter
+    filterset_class = ServerFilterSet
+
+    def paginate_queryset(self, queryset: QuerySet) -> list[InferenceServer] | None:
+        page = super().paginate_queryset(queryset)
+        if page is None:
+            return None
+        shown = reported_models(self.request.user, page)
+        for server in page:
+            server.shown_models = shown[server.pk]
+        return page
 
     @extend_schema(request=None, responses=s.InferenceServerSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])

@@ -70,6 +70,10 @@ class APIToken(models.Model):
     The secret is shown once at creation; only a lookup prefix and an HMAC of the whole token
     are stored. States: active → revoked (revoked_at set) or expired (expires_at passed);
     neither can be undone. ``last_used_at`` is updated at most once a minute.
+
+    ``created_by`` is the person who stands behind the token: whoever made it, or, for a token
+    made by another token (``created_by_token``), that token's person. Four-eyes approval
+    compares these persons. It is empty only when that person's account was deleted.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
@@ -81,6 +85,10 @@ class APIToken(models.Model):
     digest = models.CharField(max_length=64)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_token = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="the token that made this one, when a token made it",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -1,19 +1,28 @@
-"""Process and log helpers shared by the local server runtimes (Triton, vLLM).
+"""Process, port, lock and log helpers shared by the local server runtimes (Triton, vLLM, S3).
 
-They read /proc directly (which processes are alive, which belong to a process group), read
-the end of a log file, pick free ports, lock and log runtime builds. Plain Python, Linux only.
+Processes are looked at through psutil and builds are serialised with filelock. The start
+loop (free ports, retry when one was taken meanwhile) and the stop loop (SIGTERM, wait,
+SIGKILL) are written once here: :func:`start_on_ports` and :func:`terminate`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
+
+import psutil
+from filelock import FileLock
+
+# Exited but not reaped yet, or being torn down: no longer running anything.
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 def tail(path: Path, lines: int) -> str:
@@ -29,33 +38,183 @@ def tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """Return (state, process group id) of ``pid`` from /proc, or None if it does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[2])
+# --------------------------------------------------------------------------------------------
+# Looking at processes
+# --------------------------------------------------------------------------------------------
 
 
 def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
+    try:
+        return psutil.Process(pid).status() not in _GONE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def leads_group(pid: int) -> bool:
+    """True if ``pid`` is the leader of its own process group (started in a new session)."""
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
 
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``."""
     members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = proc_stat(int(entry.name))
-        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
-            members.append(int(entry.name))
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.status() not in _GONE:
+                members.append(proc.pid)
     return members
+
+
+def cmdline(pid: int) -> list[str]:
+    """The command line of ``pid`` ([] when it is gone or not readable)."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with ({} when it is gone or not readable)."""
+    try:
+        return psutil.Process(pid).environ()
+    except psutil.Error:
+        return {}
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    """Resident memory of ``pids`` together (those gone meanwhile count 0)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_info().rss
+    return total
+
+
+def files_in_use(pids: Iterable[int], prefix: str) -> set[str]:
+    """Paths starting with ``prefix`` that ``pids`` map into memory or hold open."""
+    paths: set[str] = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            found = [m.path for m in proc.memory_maps(grouped=False)]
+            found += [f.path for f in proc.open_files()]
+        except psutil.Error:
+            continue
+        paths.update(p.removesuffix(" (deleted)") for p in found if p.startswith(prefix))
+    return paths
+
+
+def pids_named(names: Iterable[str]) -> list[int]:
+    """Live processes whose name (their program's file name) is one of ``names``."""
+    wanted = set(names)
+    return [
+        proc.pid
+        for proc in psutil.process_iter(["name", "status"])
+        if proc.info["name"] in wanted and proc.info["status"] not in _GONE
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Starting and stopping servers
+# --------------------------------------------------------------------------------------------
+
+
+def terminate(pid: int, timeout: float, *, group: bool, kill_wait: float = 5.0) -> None:
+    """SIGTERM ``pid`` (with ``group``, its whole process group) and wait up to ``timeout`` s
+    for it to end; then SIGKILL what is left and wait up to ``kill_wait`` s more."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, kill_wait)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        if _ended(pid, wait, group=group):
+            return
+
+
+def _ended(pid: int, timeout: float, *, group: bool) -> bool:
+    """Wait up to ``timeout`` s for ``pid`` (or its group) to end; True once it has.
+
+    Zombies count as ended: an orphan's is reaped by init, a child's by its caller.
+    """
+    end = time.monotonic() + timeout
+    while group_members(pid) if group else alive(pid):
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+def start_on_ports(
+    host: str,
+    ports: Sequence[int],
+    launch: Callable[[list[int]], tuple[S, str]],
+    log_path: Path,
+    tail_lines: int,
+) -> S:
+    """Start a server with ``launch(ports)``; return it once it reports no problem.
+
+    ``launch`` starts the process on the ports it is given and waits for it, returning the
+    process and "" when it is ready, or a reason when it is not. A port of 0 means "pick a
+    free one"; when one was taken before the server bound it ("in use" in its log), the
+    start is retried up to twice with new ports. Otherwise a problem stops the server and
+    raises RuntimeError carrying the last ``tail_lines`` lines of ``log_path``.
+    """
+    attempts = 3 if 0 in ports else 1
+    for attempt in range(1, attempts + 1):
+        free = iter(free_ports(host, list(ports).count(0)))
+        proc, problem = launch([port or next(free) for port in ports])
+        if not problem:
+            return proc
+        proc.stop()
+        log_tail = tail(log_path, tail_lines)
+        if attempt < attempts and "in use" in log_tail.lower():
+            continue
+        raise RuntimeError(f"{problem}; last lines of {log_path}:\n{log_tail}")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """Return ``count`` distinct ports that were free on ``host`` a moment ago."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port(host: str) -> int:
+    """Return a port that was free on ``host`` a moment ago."""
+    return free_ports(host, 1)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Building runtimes
+# --------------------------------------------------------------------------------------------
+
+
+def file_lock(path: Path) -> FileLock:
+    """An exclusive lock on ``path`` among threads and processes (serialises runtime builders)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(path)
 
 
 def python_minor() -> str:
@@ -66,18 +225,6 @@ def python_minor() -> str:
 def say(progress: Callable[[str], None] | None, message: str) -> None:
     if progress is not None:
         progress(message)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (serialises concurrent runtime builders)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_logged(
@@ -108,22 +255,3 @@ def run_logged(
             f"{what} failed (exit {result.returncode}); last lines of {log}:\n"
             f"{tail(log, tail_lines)}"
         )
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """Return ``count`` distinct ports that were free on ``host`` a moment ago."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port(host: str) -> int:
-    """Return a port that was free on ``host`` a moment ago."""
-    return free_ports(host, 1)[0]

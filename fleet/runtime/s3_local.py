@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from fleet.runtime.processes import free_port as _free_port
+from fleet.runtime.processes import alive as _alive
+from fleet.runtime.processes import cmdline, start_on_ports, terminate
 from fleet.runtime.processes import tail as _tail_lines
 
 DEMO_ACCESS_KEY_ID = "switchyard"
@@ -44,42 +44,9 @@ _PROBE_PATH = "/moto-api/data.json"
 _SCRUBBED_ENV = ("INITIAL_NO_AUTH_ACTION_COUNT", "MOTO_PORT", "TEST_SERVER_MODE")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped) counts as dead.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _is_moto_server(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    args = [part.decode(errors="replace") for part in cmdline if part]
+    args = [arg for arg in cmdline(pid) if arg]
     return "moto.server" in args or any(Path(a).name == "moto_server" for a in args[:2])
-
-
-def _wait_dead(pid: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 @dataclass
@@ -111,18 +78,10 @@ class MotoProcess:
             return
         popen = self._popen
         if self.is_running():
-            _signal(self.pid, signal.SIGTERM)
-            if popen is not None:
-                try:
-                    popen.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    _signal(self.pid, signal.SIGKILL)
-                    popen.wait(5.0)
-            elif not _wait_dead(self.pid, timeout):
-                _signal(self.pid, signal.SIGKILL)
-                _wait_dead(self.pid, 5.0)
-        elif popen is not None:
-            popen.poll()  # reap
+            terminate(self.pid, timeout, group=False)
+        if popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(5.0)  # reap
         self._stopped = True
 
 
@@ -134,10 +93,7 @@ def stop_pid(pid: int, timeout: float = 10.0) -> bool:
     """
     if not _alive(pid) or not _is_moto_server(pid):
         return False
-    _signal(pid, signal.SIGTERM)
-    if not _wait_dead(pid, timeout):
-        _signal(pid, signal.SIGKILL)
-        _wait_dead(pid, 5.0)
+    terminate(pid, timeout, group=False)
     return True
 
 
@@ -188,32 +144,25 @@ def start_moto(
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    attempts = 3 if port == 0 else 1
-    for attempt in range(1, attempts + 1):
-        chosen = port or _free_port(host)
-        endpoint_url = f"http://{host}:{chosen}"
-        cmd = [sys.executable, "-m", "moto.server", "-H", host, "-p", str(chosen)]
+
+    def launch(ports: list[int]) -> tuple[MotoProcess, str]:
+        endpoint_url = f"http://{host}:{ports[0]}"
+        cmd = [sys.executable, "-m", "moto.server", "-H", host, "-p", str(ports[0])]
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_env(chosen),
+                env=_server_env(ports[0]),
                 start_new_session=True,
             )
         proc = MotoProcess(
             pid=popen.pid, endpoint_url=endpoint_url, log_path=log_path, _popen=popen
         )
-        problem = _wait_ready(popen, endpoint_url, ready_timeout)
-        if not problem:
-            return proc
-        proc.stop()
-        tail = _tail(log_path)
-        if attempt < attempts and "in use" in tail.lower():
-            continue
-        raise RuntimeError(f"{problem}; last lines of {log_path}:\n{tail}")
-    raise AssertionError("unreachable")  # pragma: no cover
+        return proc, _wait_ready(popen, endpoint_url, ready_timeout)
+
+    return start_on_ports(host, (port,), launch, log_path, LOG_TAIL_LINES)
 
 
 def reset(endpoint_url: str, timeout: float = 5.0) -> None:

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -29,28 +28,20 @@ from pathlib import Path
 
 import httpx
 
+from fleet.runtime.processes import alive as _alive
 from fleet.runtime.processes import (
-    alive as _alive,
+    cmdline,
+    files_in_use,
+    leads_group,
+    pids_named,
+    run_logged,
+    start_on_ports,
+    terminate,
 )
-from fleet.runtime.processes import (
-    file_lock as _file_lock,
-)
-from fleet.runtime.processes import (
-    free_ports as _free_ports,
-)
-from fleet.runtime.processes import (
-    group_members as _group_members,
-)
-from fleet.runtime.processes import (
-    proc_stat as _proc_stat,
-)
-from fleet.runtime.processes import (
-    python_minor as _python_minor,
-)
-from fleet.runtime.processes import run_logged
-from fleet.runtime.processes import (
-    say as _say,
-)
+from fleet.runtime.processes import file_lock as _file_lock
+from fleet.runtime.processes import group_members as _group_members
+from fleet.runtime.processes import python_minor as _python_minor
+from fleet.runtime.processes import say as _say
 from fleet.runtime.processes import tail as _tail_lines
 
 PYTRITON_VERSION = "0.7.0"
@@ -60,6 +51,8 @@ MARKER_NAME = ".switchyard-runtime.json"
 DEMO_MODELS_DIR = Path(__file__).resolve().parent / "demo_models"
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+# The only programs that map python-backend shm regions: servers and their backend stubs.
+TRITON_PROGRAMS = ("tritonserver", "triton_python_backend_stub")
 LOG_TAIL_LINES = 20
 
 ProgressFn = Callable[[str], None]
@@ -277,24 +270,7 @@ def write_demo_repository(dest: Path) -> list[str]:
 
 def _shm_files_mapped_by(pids: Sequence[int]) -> set[str]:
     """Names of python-backend shm regions that ``pids`` map or hold open."""
-    names: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-                if path.startswith(f"{SHM_DIR}/{SHM_PREFIX}"):
-                    names.add(Path(path.split(" (deleted)")[0]).name)
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    target = str(fd.readlink())
-                    if target.startswith(f"{SHM_DIR}/{SHM_PREFIX}"):
-                        names.add(Path(target.split(" (deleted)")[0]).name)
-    return names
-
-
-def _all_pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return {Path(p).name for p in files_in_use(pids, f"{SHM_DIR}/{SHM_PREFIX}")}
 
 
 def shm_region_files() -> set[str]:
@@ -306,7 +282,7 @@ def shm_region_files() -> set[str]:
 
 
 def remove_stale_shm_files(min_age: float = 10.0) -> list[str]:
-    """Remove python-backend shm files that no live process maps or holds open.
+    """Remove python-backend shm files that no live Triton process maps or holds open.
 
     For the leftovers of servers killed hard (OOM kill, SIGKILL of the whole group), e.g. from
     a ``down`` command after :func:`stop_pid` found the server already dead. Files younger
@@ -320,7 +296,7 @@ def remove_stale_shm_files(min_age: float = 10.0) -> list[str]:
             if now - (SHM_DIR / name).stat().st_mtime >= min_age:
                 candidates.add(name)
     if candidates:
-        candidates -= _shm_files_mapped_by(_all_pids())
+        candidates -= _shm_files_mapped_by(pids_named(TRITON_PROGRAMS))
         _remove_shm(candidates)
     return sorted(candidates)
 
@@ -333,50 +309,8 @@ def _remove_shm(names: set[str]) -> None:
 
 def _is_tritonserver(pid: int) -> bool:
     """True if ``pid`` runs a tritonserver binary (guards against a stale, reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return bool(cmdline) and Path(cmdline[0].decode(errors="replace")).name == "tritonserver"
-
-
-def _signal_group(pid: int, pgid: int | None, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if pgid is not None:
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
-
-
-def _terminate(pid: int, timeout: float, wait: Callable[[float], bool], *, own_group: bool) -> None:
-    """SIGTERM the server (its whole group when it leads one), wait, then SIGKILL."""
-    pgid = pid if own_group else None
-    _signal_group(pid, pgid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    if not wait(timeout):
-        _signal_group(pid, pgid, signal.SIGKILL)
-        wait(5.0)
-    # The stubs normally exit with the server; finish off any stragglers of the group.
-    if pgid is not None:
-        while _group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _group_members(pgid):
-            _signal_group(pid, pgid, signal.SIGKILL)
-            end = time.monotonic() + 5.0
-            while _group_members(pgid) and time.monotonic() < end:
-                time.sleep(0.05)
-
-
-def _poll_dead(pid: int) -> Callable[[float], bool]:
-    def wait(timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while _alive(pid):
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.05)
-        return True
-
-    return wait
+    args = cmdline(pid)
+    return bool(args) and Path(args[0]).name == "tritonserver"
 
 
 def stop_pid(pid: int, timeout: float = 15.0) -> bool:
@@ -388,11 +322,9 @@ def stop_pid(pid: int, timeout: float = 15.0) -> bool:
     """
     if not _alive(pid) or not _is_tritonserver(pid):
         return False
-    stat = _proc_stat(pid)
-    own_group = stat is not None and stat[1] == pid
-    members = _group_members(pid) if own_group else [pid]
-    owned = _shm_files_mapped_by(members)
-    _terminate(pid, timeout, _poll_dead(pid), own_group=own_group)
+    own_group = leads_group(pid)
+    owned = _shm_files_mapped_by(_group_members(pid) if own_group else [pid])
+    terminate(pid, timeout, group=own_group)
     _remove_shm(owned)
     return True
 
@@ -431,37 +363,27 @@ class TritonProcess:
 
         SIGTERM goes to the server's process group; SIGKILL follows after ``timeout`` s.
         Shared-memory regions removed are those mapped by the server's group just before the
-        signal, plus regions created since this server started that no live process maps
+        signal, plus regions created since this server started that no live Triton process maps
         (left by stubs that died earlier); other servers' regions are left alone.
         """
         if self._stopped:
             return
         popen = self._popen
         if self.is_running():
-            members = _group_members(self.pid) or [self.pid]
-            owned = _shm_files_mapped_by(members)
-
-            def wait(t: float) -> bool:
-                if popen is None:
-                    return _poll_dead(self.pid)(t)
-                try:
-                    popen.wait(t)
-                except subprocess.TimeoutExpired:
-                    return False
-                return True
-
-            _terminate(self.pid, timeout, wait, own_group=True)
+            owned = _shm_files_mapped_by(_group_members(self.pid) or [self.pid])
+            terminate(self.pid, timeout, group=True)
         else:
             owned = set()
-            if popen is not None:
-                popen.poll()  # reap
             # The server died on its own: its stubs may still run in its group.
             if _group_members(self.pid):
-                _terminate(self.pid, timeout, lambda t: True, own_group=True)
+                terminate(self.pid, timeout, group=True)
+        if popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(5.0)  # reap
         _remove_shm(owned)
         orphans = shm_region_files() - self._shm_before
         if orphans:
-            orphans -= _shm_files_mapped_by(_all_pids())
+            orphans -= _shm_files_mapped_by(pids_named(TRITON_PROGRAMS))
             _remove_shm(orphans)
         self._stopped = True
 
@@ -477,7 +399,7 @@ def _server_command(
     runtime: TritonRuntime,
     model_repository: Path,
     host: str,
-    ports: tuple[int, int, int],
+    ports: Sequence[int],
     load_models: Sequence[str],
 ) -> list[str]:
     http_port, grpc_port, metrics_port = ports
@@ -564,15 +486,8 @@ def start_triton(
     model_repository = Path(model_repository).resolve()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    auto = 0 in (http_port, grpc_port, metrics_port)
-    attempts = 3 if auto else 1
-    for attempt in range(1, attempts + 1):
-        free = iter(_free_ports(host, 3))
-        ports = (
-            http_port or next(free),
-            grpc_port or next(free),
-            metrics_port or next(free),
-        )
+
+    def launch(ports: list[int]) -> tuple[TritonProcess, str]:
         cmd = _server_command(runtime, model_repository, host, ports, load_models)
         shm_before = frozenset(shm_region_files())
         with log_path.open("wb") as log:
@@ -603,14 +518,11 @@ def start_triton(
                 unready = [f"repository index failed: {exc}"]
             if unready:
                 problem = "models not ready: " + ", ".join(unready)
-        if not problem:
-            return proc
-        proc.stop()
-        tail = _tail(log_path)
-        if attempt < attempts and "already in use" in tail.lower():
-            continue
-        raise RuntimeError(f"{problem}; last lines of {log_path}:\n{tail}")
-    raise AssertionError("unreachable")  # pragma: no cover
+        return proc, problem
+
+    return start_on_ports(
+        host, (http_port, grpc_port, metrics_port), launch, log_path, LOG_TAIL_LINES
+    )
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,28 +29,20 @@ from pathlib import Path
 
 import httpx
 
+from fleet.runtime.processes import alive as _alive
 from fleet.runtime.processes import (
-    alive as _alive,
+    cmdline,
+    environ,
+    leads_group,
+    run_logged,
+    start_on_ports,
+    terminate,
 )
-from fleet.runtime.processes import (
-    file_lock as _file_lock,
-)
-from fleet.runtime.processes import (
-    free_port as _free_port,
-)
-from fleet.runtime.processes import (
-    group_members as _group_members,
-)
-from fleet.runtime.processes import (
-    proc_stat as _proc_stat,
-)
-from fleet.runtime.processes import (
-    python_minor as _python_minor,
-)
-from fleet.runtime.processes import run_logged
-from fleet.runtime.processes import (
-    say as _say,
-)
+from fleet.runtime.processes import file_lock as _file_lock
+from fleet.runtime.processes import group_members as _group_members
+from fleet.runtime.processes import python_minor as _python_minor
+from fleet.runtime.processes import rss_bytes as _rss_bytes
+from fleet.runtime.processes import say as _say
 from fleet.runtime.processes import tail as _tail_lines
 
 VLLM_VERSION = "0.32.0"
@@ -412,23 +403,9 @@ def make_lora_adapter(
 # --------------------------------------------------------------------------------------------
 
 
-def _environ(pid: int) -> dict[str, str]:
-    """The initial environment of ``pid`` ({} when unreadable)."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.decode(errors="replace").partition("=")
-        if sep:
-            env[key] = value
-    return env
-
-
 def _scratch_of(pid: int) -> Path | None:
     """The per-server scratch folder recorded in the environment of ``pid``, if any."""
-    value = _environ(pid).get(SCRATCH_ENV, "")
+    value = environ(pid).get(SCRATCH_ENV, "")
     path = Path(value) if value else None
     if path is None or not path.name.startswith(SCRATCH_PREFIX):
         return None
@@ -437,58 +414,12 @@ def _scratch_of(pid: int) -> Path | None:
 
 def _is_vllm_server(pid: int) -> bool:
     """True if ``pid`` runs a vLLM API server (guards against a stale, reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return API_SERVER_MODULE in cmdline or _scratch_of(pid) is not None
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while _group_members(pgid):
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _terminate_group(pgid: int, timeout: float, reap: Callable[[], None]) -> None:
-    """SIGTERM the process group ``pgid``, SIGKILL what is left after ``timeout`` s."""
-    _signal_group(pgid, signal.SIGTERM)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        reap()
-        if not _group_members(pgid):
-            return
-        time.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
-    end = time.monotonic() + 10.0
-    while time.monotonic() < end:
-        reap()
-        if not _group_members(pgid):
-            return
-        time.sleep(0.05)
+    return any(API_SERVER_MODULE in arg for arg in cmdline(pid)) or _scratch_of(pid) is not None
 
 
 def _remove_scratch(path: Path | None) -> None:
     if path is not None and path.name.startswith(SCRATCH_PREFIX):
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _rss_bytes(pids: Sequence[int]) -> int:
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError, ValueError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-    return total
 
 
 def stop_pid(pid: int, timeout: float = 15.0) -> bool:
@@ -500,19 +431,9 @@ def stop_pid(pid: int, timeout: float = 15.0) -> bool:
     """
     if not _alive(pid) or not _is_vllm_server(pid):
         return False
-    stat = _proc_stat(pid)
     scratch = _scratch_of(pid)
-    if stat is not None and stat[1] == pid:
-        _terminate_group(pid, timeout, lambda: None)
-    else:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    # The API server leads a group with its engine core and worker: stop them all.
+    terminate(pid, timeout, group=leads_group(pid), kill_wait=10.0)
     _remove_scratch(scratch)
     return True
 
@@ -566,13 +487,8 @@ class VLLMProcess:
         if self._stopped:
             return
         popen = self._popen
-
-        def reap() -> None:
-            if popen is not None:
-                popen.poll()
-
         if self.is_running() or _group_members(self.pid):
-            _terminate_group(self.pid, timeout, reap)
+            terminate(self.pid, timeout, group=True, kill_wait=10.0)
         if popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(5.0)
@@ -686,9 +602,8 @@ def start_vllm(
     model_dir = Path(model_dir).resolve()
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    attempts = 3 if port == 0 else 1
-    for attempt in range(1, attempts + 1):
-        chosen = port or _free_port(host)
+
+    def launch(ports: list[int]) -> tuple[VLLMProcess, str]:
         scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
         (scratch / "tmp").mkdir()
         cmd = server_command(
@@ -696,7 +611,7 @@ def start_vllm(
             model_dir,
             served_model_name=served_model_name,
             host=host,
-            port=chosen,
+            port=ports[0],
             enable_lora=enable_lora,
             max_loras=max_loras,
             max_lora_rank=max_lora_rank,
@@ -718,7 +633,7 @@ def start_vllm(
             raise
         proc = VLLMProcess(
             pid=popen.pid,
-            http_url=f"http://{host}:{chosen}",
+            http_url=f"http://{host}:{ports[0]}",
             served_model_name=served_model_name,
             model_dir=model_dir,
             log_path=log_path,
@@ -726,18 +641,12 @@ def start_vllm(
             _popen=popen,
         )
         try:
-            problem = _wait_healthy(proc, popen, ready_timeout)
+            return proc, _wait_healthy(proc, popen, ready_timeout)
         except BaseException:
             proc.stop()
             raise
-        if not problem:
-            return proc
-        proc.stop()
-        tail = _tail(log_path)
-        if attempt < attempts and "address already in use" in tail.lower():
-            continue
-        raise RuntimeError(f"{problem}; last lines of {log_path}:\n{tail}")
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    return start_on_ports(host, (port,), launch, log_path, LOG_TAIL_LINES)
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

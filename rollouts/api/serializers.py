@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from fleet.api.serializers import TenantField, ValidatedModelSerializer
+from fleet.api.refs import IdOrNameField
+from fleet.api.serializers import (
+    LabelsField,
+    StrictFieldsMixin,
+    TenantField,
+    ValidatedModelSerializer,
+)
 from fleet.models import Cluster, InferenceServer
+from rollouts.api.triton_schema import TritonConfigField
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelLoadEvent, ModelVersion
 
 
-class VisibleModelField(serializers.PrimaryKeyRelatedField):
-    """A model by id, limited to the models the caller can see (others read as unknown)."""
+class VisibleModelField(IdOrNameField):
+    """A model by id or by name, limited to the models the caller can see (others read as
+    unknown; a name two of the caller's tenants use needs the id)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Model id, or its name")
+        super().__init__(**kwargs)
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         return Model.objects.visible_to(self.context["request"].user)
 
 
-class ModelSerializer(serializers.ModelSerializer):
+class ModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     tenant = TenantField(required=False, help_text="Tenant slug; optional for API tokens")
     latest_version = serializers.IntegerField(read_only=True, allow_null=True)
     aliases = serializers.SerializerMethodField()
@@ -33,6 +47,11 @@ class ModelSerializer(serializers.ModelSerializer):
     def get_aliases(self, model: Model) -> dict[str, int]:
         return {a.name: a.version.version for a in model.aliases.all()}
 
+    def validate_tenant(self, tenant: Any) -> Any:
+        if self.instance is not None and tenant != self.instance.tenant:
+            raise serializers.ValidationError("a model's tenant cannot change")
+        return tenant
+
 
 class ModelVersionSerializer(ValidatedModelSerializer):
     model = VisibleModelField()
@@ -42,6 +61,8 @@ class ModelVersionSerializer(ValidatedModelSerializer):
         write_only=True, default=False, help_text="Ask for approval right away"
     )
     registered_by = serializers.SerializerMethodField()
+    labels = LabelsField()
+    triton_config = TritonConfigField(required=False)
 
     class Meta:
         model = ModelVersion
@@ -60,17 +81,8 @@ class ModelVersionSerializer(ValidatedModelSerializer):
             return f"token:{version.registered_by_token.name}"
         return version.registered_by.get_username() if version.registered_by else None
 
-    def validate_labels(self, value: Any) -> Any:
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            raise serializers.ValidationError("must be an object of string keys and string values")
-        return value
-
-    def validate_triton_config(self, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("must be a JSON object (Triton model config)")
-        return value
+    # labels and triton_config are checked by ModelVersion.clean() (through full_clean), the
+    # one rule the console, the admin and the API share.
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         request_approval = attrs.pop("request_approval", False)
@@ -81,11 +93,11 @@ class ModelVersionSerializer(ValidatedModelSerializer):
         return attrs
 
 
-class DecisionSerializer(serializers.Serializer):
+class DecisionSerializer(StrictFieldsMixin, serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
-class AliasSerializer(serializers.ModelSerializer):
+class AliasSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     model = VisibleModelField()
     version = serializers.IntegerField(source="version.version", help_text="Version number")
     reason = serializers.CharField(write_only=True, required=False, default="", allow_blank=True)
@@ -98,6 +110,8 @@ class AliasSerializer(serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         model = attrs.get("model") or self.instance.model
+        if self.instance is not None and model != self.instance.model:
+            raise serializers.ValidationError({"model": "an alias cannot move to another model"})
         if "version" not in attrs:
             if self.instance is None:
                 raise serializers.ValidationError({"version": "this field is required"})
@@ -120,10 +134,32 @@ class ServerNamesField(serializers.ListField):
         return sorted(server.name for server in data.all())
 
 
+PERCENT = re.compile(r"(100(\.0{0,2})?|[0-9]{1,2}(\.[0-9]{0,2})?)")
+
+
+@extend_schema_field({"type": "string", "pattern": f"^{PERCENT.pattern}$", "example": "0.50"})
+class PercentField(serializers.DecimalField):
+    """A percentage from 0 to 100 with at most two decimals, written as a string ("0.50"),
+    as it is read back."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.update(max_digits=5, decimal_places=2, min_value=0, max_value=100)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str) or not PERCENT.fullmatch(data):
+            raise serializers.ValidationError(
+                'must be a percentage from 0 to 100 with at most two decimals, as a string: "0.50"'
+            )
+        return super().to_internal_value(data)
+
+
 class DeploymentSerializer(ValidatedModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    slo_error_rate = PercentField(required=False, help_text="Error-rate ceiling in percent")
     model = VisibleModelField()
-    cluster = serializers.SlugRelatedField(slug_field="name", queryset=Cluster.objects.all())
+    cluster = IdOrNameField(queryset=Cluster.objects.all(), read_as_name=True,
+                            help_text="Cluster name (or id)")
     servers = ServerNamesField(
         child=serializers.CharField(), required=False,
         help_text="Names of the cluster's inference servers that carry this deployment",
@@ -133,9 +169,9 @@ class DeploymentSerializer(ValidatedModelSerializer):
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
-            "slo_error_rate", "description", "created_at", "updated_at",
+            "slo_error_rate", "description", "created_at", "updated_at", "archived_at",
         ]
-        read_only_fields = ["created_at", "updated_at"]
+        read_only_fields = ["created_at", "updated_at", "archived_at"]
         validators: list[Any] = []
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -184,10 +220,11 @@ class ModelLoadSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class LoadRequestSerializer(serializers.Serializer):
+class LoadRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     """What to load or unload: a version (by number, or by alias) of a deployment's model."""
 
-    deployment = serializers.PrimaryKeyRelatedField(queryset=Deployment.objects.none())
+    deployment = IdOrNameField(queryset=Deployment.objects.none(),
+                               help_text="Deployment id, or its name")
     version = serializers.IntegerField(required=False, min_value=1, help_text="Version number")
     alias = serializers.CharField(required=False, help_text="Or an alias, e.g. staging")
     action = serializers.ChoiceField(choices=["load", "unload"], default="load")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Max, Prefetch
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -12,10 +13,71 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
+from fleet.api.filters import FilterSet, parse_integer
+from fleet.api.refs import IdOrNameFilter
 from fleet.errors import DomainError
+from fleet.models import Cluster
 from rollouts import approvals, deployments, latency, loads, registry
 from rollouts.api import serializers as s
+from rollouts.api.filters import DeploymentFilter
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+
+# The latency window, in seconds: from a minute to the 30 days of history kept.
+MIN_WINDOW_S = 60
+MAX_WINDOW_S = 30 * 86400
+DEFAULT_WINDOW_S = 900
+
+
+def _visible_models(request: Request | None) -> Any:
+    return Model.objects.visible_to(request.user if request is not None else None)
+
+
+def _visible_deployments(request: Request | None) -> Any:
+    return Deployment.objects.visible_to(request.user if request is not None else None)
+
+
+class ModelRefFilterSet(FilterSet):
+    """``model`` is the model's id or its name, as in request bodies."""
+
+    model = IdOrNameFilter(queryset=_visible_models, help_text="model id or name")
+
+
+class VersionFilterSet(ModelRefFilterSet):
+    class Meta:
+        model = ModelVersion
+        fields = {
+            "model__name": ["exact"],
+            "model__tenant__slug": ["exact"],
+            "status": ["exact"],
+            "runtime": ["exact"],
+            "version": ["exact", "gte", "lte"],
+        }
+
+
+class AliasFilterSet(ModelRefFilterSet):
+    class Meta:
+        model = Alias
+        fields = ["name"]
+
+
+class LoadFilterSet(FilterSet):
+    """``deployment`` is the deployment's id or its name, as in request bodies."""
+
+    deployment = IdOrNameFilter(queryset=_visible_deployments, help_text="deployment id or name")
+
+    class Meta:
+        model = ModelLoad
+        fields = {
+            "deployment__name": ["exact"],
+            "server__name": ["exact"],
+            "state": ["exact", "in"],
+            "version__version": ["exact"],
+        }
+
+
+class DeploymentRefFilter(DeploymentFilter):
+    model = IdOrNameFilter(queryset=_visible_models, help_text="model id or name")
+    cluster = IdOrNameFilter(queryset=Cluster.objects.all(), help_text="cluster id or name")
 
 
 class ModelViewSet(
@@ -68,14 +130,7 @@ class ModelVersionViewSet(
         "model__tenant", "registered_by", "registered_by_token"
     )
     serializer_class = s.ModelVersionSerializer
-    filterset_fields = {
-        "model": ["exact"],
-        "model__name": ["exact"],
-        "model__tenant__slug": ["exact"],
-        "status": ["exact"],
-        "runtime": ["exact"],
-        "version": ["exact", "gte", "lte"],
-    }
+    filterset_class = VersionFilterSet
     ordering_fields = ["version", "created_at"]
 
     @extend_schema(responses={201: s.ModelVersionSerializer, 200: s.ModelVersionSerializer,
@@ -126,7 +181,7 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
 
     queryset = Alias.objects.select_related("model__tenant", "version")
     serializer_class = s.AliasSerializer
-    filterset_fields = ["model", "name"]
+    filterset_class = AliasFilterSet
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
@@ -157,28 +212,34 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
 
 
 class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
-    """Deployments: a model on a cluster, with its SLO."""
+    """Deployments: a model on a cluster, with its SLO. ``model`` and ``cluster`` are ids or
+    names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
     queryset = Deployment.objects.select_related("tenant", "model", "cluster").prefetch_related(
         "servers"
     )
     serializer_class = s.DeploymentSerializer
-    filterset_fields = {"tenant__slug": ["exact"], "model": ["exact"], "production": ["exact"]}
+    filterset_class = DeploymentRefFilter
 
     @extend_schema(
-        parameters=[OpenApiParameter("window", int, description="seconds back (60 to 2592000; default 900)")],
+        parameters=[OpenApiParameter(
+            "window",
+            {"type": "integer", "minimum": MIN_WINDOW_S, "maximum": MAX_WINDOW_S,
+             "default": DEFAULT_WINDOW_S},
+            description="seconds back (60 to 2592000, 30 days; default 900)",
+        )],
         responses={200: OpenApiResponse(description="p50/p95/p99, rate and error rate per version")},
     )
     @action(detail=True, methods=["get"])
     def latency(self, request: Request, pk: str | None = None) -> Response:
         """Live latency per version: full resolution for 15 minutes, minute rollups beyond."""
-        raw = request.query_params.get("window", "900")
+        raw = request.query_params.get("window", str(DEFAULT_WINDOW_S))
         try:
-            window = int(raw)
-        except ValueError:
-            raise DomainError(f"must be a number of seconds, got {raw!r}", field="window") from None
-        if not 60 <= window <= 30 * 86400:
-            raise DomainError("must be between 60 and 2592000 seconds (30 days)", field="window")
+            window = parse_integer(raw, MIN_WINDOW_S, MAX_WINDOW_S)
+        except DjangoValidationError as exc:
+            message = (f"must be a number of seconds, got {raw!r}" if exc.code == "invalid"
+                       else "must be between 60 and 2592000 seconds (30 days)")
+            raise DomainError(message, field="window") from None
         return Response(latency.series(self.get_object(), window))
 
     def perform_create(self, serializer: s.DeploymentSerializer) -> None:
@@ -221,13 +282,7 @@ class ModelLoadViewSet(
         "deployment", "server", "version__model"
     ).prefetch_related("events")
     serializer_class = s.ModelLoadSerializer
-    filterset_fields = {
-        "deployment": ["exact"],
-        "deployment__name": ["exact"],
-        "server__name": ["exact"],
-        "state": ["exact", "in"],
-        "version__version": ["exact"],
-    }
+    filterset_class = LoadFilterSet
 
     @extend_schema(
         request=s.LoadRequestSerializer,

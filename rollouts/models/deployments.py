@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -14,13 +14,17 @@ from fleet.tenancy import scoped_manager
 
 from .registry import Model
 
+UNIQUE_NAME = "uniq_deployment_per_tenant"
+
 
 class Deployment(models.Model):
     """A model served on a cluster under an SLO (p99 latency and error-rate ceiling).
 
     ``servers`` are the cluster's inference servers that carry it. Rollouts (later) change
-    which versions it serves and in what traffic split; the deployment itself has no state
-    machine.
+    which versions it serves and in what traffic split.
+
+    Deleting a deployment that has had loads archives it (``archived_at``): the row stays as
+    the history its loads point to, read-only, hidden from lists, its name free for reuse.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="deployments")
@@ -42,17 +46,45 @@ class Deployment(models.Model):
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    archived_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = scoped_manager("tenant")
 
     class Meta:
         ordering = ["tenant__slug", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "name"], name="uniq_deployment_per_tenant")
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=models.Q(archived_at__isnull=True),
+                name=UNIQUE_NAME,
+            )
         ]
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}"
+
+    @property
+    def is_archived(self) -> bool:
+        return self.archived_at is not None
+
+    def get_constraints(self) -> list[tuple[type[models.Model], list[models.BaseConstraint]]]:
+        # The name constraint is checked in validate_constraints() below, which names the field.
+        return [(cls, [c for c in found if c.name != UNIQUE_NAME]) for cls, found in super().get_constraints()]
+
+    def validate_constraints(self, exclude: set[str] | None = None) -> None:
+        """Names are unique among the tenant's deployments in use (archived ones keep theirs),
+        reported as a plain unique (tenant, name) is, so the API names ``name``."""
+        super().validate_constraints(exclude)
+        if self.archived_at is not None or {"tenant", "name"} & set(exclude or ()):
+            return
+        clash = Deployment._default_manager.filter(
+            tenant_id=self.tenant_id, name=self.name, archived_at__isnull=True
+        )
+        if self.pk is not None:
+            clash = clash.exclude(pk=self.pk)
+        if clash.exists():
+            error = self.unique_error_message(Deployment, ("tenant", "name"))
+            raise ValidationError({NON_FIELD_ERRORS: [error]})
 
     def clean(self) -> None:
         if self.model_id and self.tenant_id and self.model.tenant_id != self.tenant_id:

@@ -20,6 +20,8 @@ class ModelLoad(models.Model):
     Load:   pending → admitted → fetching → placing → loading → ready, or failed.
     Unload: ready → unloading → unloaded (or failed, with the placement kept while the
     server may still hold the model).
+    Drift:  ready → lost, when the server no longer reports the version as ready (it was
+    restarted, or changed outside Switchyard); the placement is released.
 
     ``admitted`` means quota is held (a Placement in state loading); ``fetching`` streams the
     artifact from S3 and verifies it; ``placing`` writes it into the server's model
@@ -39,8 +41,9 @@ class ModelLoad(models.Model):
         UNLOADING = "unloading", "Unloading"
         UNLOADED = "unloaded", "Unloaded"
         FAILED = "failed", "Failed"
+        LOST = "lost", "Lost from server"
 
-    TERMINAL: ClassVar[set[str]] = {State.READY, State.UNLOADED, State.FAILED}
+    TERMINAL: ClassVar[set[str]] = {State.READY, State.UNLOADED, State.FAILED, State.LOST}
     IN_FLIGHT: ClassVar[list[str]] = [
         State.PENDING, State.ADMITTED, State.FETCHING, State.PLACING, State.LOADING,
         State.UNLOADING,
@@ -71,6 +74,9 @@ class ModelLoad(models.Model):
     bytes_done = models.PositiveBigIntegerField(default=0)
     config_hash = models.CharField(max_length=64, blank=True)
     error = models.TextField(blank=True)
+    error_trace = models.TextField(
+        blank=True, help_text="Traceback of an unexpected error in a step, for operators"
+    )
     server_log = models.TextField(blank=True, help_text="Server log lines that explain a failure")
     attempts = models.PositiveIntegerField(default=0, help_text="Transient failures in a row")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
@@ -119,7 +125,7 @@ class ModelLoad(models.Model):
     @property
     def progress_percent(self) -> int:
         """Share of the way done: phases in order, the download counted by its bytes."""
-        if self.state in (self.State.READY, self.State.UNLOADED):
+        if self.state in (self.State.READY, self.State.UNLOADED, self.State.LOST):
             return 100
         if self.state == self.State.UNLOADING:
             return 50

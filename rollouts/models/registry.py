@@ -12,6 +12,7 @@ from django.db import models
 from fleet.models import APIToken, Tenant
 from fleet.models.tenancy import slug_validator
 from fleet.tenancy import scoped_manager
+from rollouts.triton_config import problems as triton_config_problems
 
 sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 s3_uri_validator = RegexValidator(
@@ -141,16 +142,41 @@ class ModelVersion(models.Model):
         return status in self.TRANSITIONS[self.Status(self.status)]
 
     def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
         if self.runtime == self.Runtime.TRITON and not self.backend:
-            raise ValidationError({"backend": "a Triton version names its backend, e.g. python"})
+            errors["backend"] = ["a Triton version names its backend, e.g. python"]
         if self.runtime == self.Runtime.VLLM and self.backend:
-            raise ValidationError({"backend": "vLLM versions have no Triton backend"})
+            errors["backend"] = ["vLLM versions have no Triton backend"]
         if self.runtime == self.Runtime.TRITON and self.adapter_of:
-            raise ValidationError({"adapter_of": "only vLLM LoRA adapter versions name a base model"})
-        if not isinstance(self.labels, dict):
-            raise ValidationError({"labels": "must be an object of string keys and values"})
-        if not isinstance(self.triton_config, dict):
-            raise ValidationError({"triton_config": "must be a JSON object"})
+            errors["adapter_of"] = ["only vLLM LoRA adapter versions name a base model"]
+        if problems := label_problems(self.labels):
+            errors["labels"] = problems
+        if self.runtime == self.Runtime.VLLM:
+            if self.triton_config != {}:
+                errors["triton_config"] = ["vLLM versions have no Triton config: leave it out"]
+        elif problems := triton_config_problems(
+            self.triton_config,
+            model_name=self.model.name if self.model_id else None,
+            backend=self.backend,
+        ):
+            errors["triton_config"] = problems
+        if errors:
+            raise ValidationError(errors)
+
+
+def label_problems(labels: object) -> list[str]:
+    """What is wrong with a version's labels: they are an object of string keys and values."""
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        return ["must be an object of string keys and string values"]
+    for key, value in labels.items():
+        if not key:
+            return ["label names cannot be empty"]
+        if "\x00" in key or "\x00" in value:
+            return [f"labels.{key.replace(chr(0), '')}: NUL characters are not allowed"]
+    return []
+
 
 class Alias(models.Model):
     """A movable name for one version of a model, such as ``production`` or ``staging``."""

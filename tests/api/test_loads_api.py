@@ -6,7 +6,14 @@ check what the API answers and writes.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import pytest
+from django.db import connection
+from rest_framework.test import APIClient
 
 from fleet.models import InferenceServer
 from rollouts.models import ModelLoad, ModelVersion
@@ -144,3 +151,35 @@ def test_a_viewer_cannot_load(client_for, bob, setup):
     assert response.status_code == 403
     assert "deployer" in response.json()["detail"]
     assert not InferenceServer.objects.filter(model_loads__isnull=False).exists()
+
+
+RACERS = 24  # concurrent requests; PostgreSQL's default 100 connections are shared by the suite
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_with_one_key_make_one_load_and_the_rest_replay_it(dave, setup):
+    """GIVEN many clients that send the same load request with the same Idempotency-Key at
+    once (a CI job retried by several runners) THEN one load is made and answered 202, and
+    every other request is a 200 replay of that load, never a 409."""
+    body = {"deployment": setup["deployment"].pk, "version": 1}
+    start = threading.Barrier(RACERS)
+
+    def post(_: int) -> tuple[int, Any]:
+        client = APIClient()
+        client.force_authenticate(dave)
+        try:
+            start.wait(timeout=30)
+            response = client.post("/api/v1/loads/", body, HTTP_IDEMPOTENCY_KEY="release-7")
+            answer = response.json()
+            ids = tuple(row["id"] for row in answer) if isinstance(answer, list) else answer
+            return response.status_code, ids
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=RACERS) as pool:
+        answers = list(pool.map(post, range(RACERS)))
+
+    codes = Counter(code for code, _ids in answers)
+    assert codes == {202: 1, 200: RACERS - 1}, answers
+    [load] = ModelLoad.objects.all()
+    assert {ids for _code, ids in answers} == {(load.pk,)}

@@ -259,7 +259,9 @@ def test_a_version_of_another_tenants_model_is_refused_naming_the_model(client_f
     assert response.status_code == 400
     assert list(response.json()) == ["model"]
     # Same answer as for a model that does not exist: nothing leaks about tenant A.
-    assert response.json()["model"] == [f'Invalid pk "{model_a.pk}" - object does not exist.']
+    assert response.json()["model"] == [f"no model with id {model_a.pk}"]
+    by_name = client_for(charlie).post("/api/v1/versions/", {"model": "model-a", **version_data()})
+    assert by_name.json()["model"] == ["no model with name 'model-a'"]
 
 
 # --- versions: immutable ---------------------------------------------------------------------------
@@ -723,3 +725,80 @@ def test_an_approval_decision_is_in_the_audit_log(client_for, bob, dave, erin, m
     ]
     assert rows[0]["before"] == {"status": "pending_approval"}
     assert rows[0]["after"] == {"status": "approved"}
+
+
+# --- one way to name things: ids or names, in bodies and filters; nothing sent is dropped --
+
+
+@pytest.mark.parametrize("ref", ["id", "name"])
+def test_a_deployment_takes_its_model_and_cluster_by_id_or_name(client_for, dave, model_a,
+                                                                cluster, ref):
+    model, where = (model_a.pk, cluster.pk) if ref == "id" else ("model-a", "gpu-east")
+    client = client_for(dave)
+
+    response = client.post("/api/v1/deployments/", {"name": "resnet", "model": model,
+                                                    "cluster": where})
+    listed = client.get("/api/v1/deployments/", {"model": model, "cluster": where}).json()
+
+    assert response.status_code == 201, response.content
+    assert (response.json()["model"], response.json()["cluster"]) == (model_a.pk, "gpu-east")
+    assert [d["name"] for d in listed["results"]] == ["resnet"]
+
+
+def test_versions_and_aliases_filter_by_model_name_as_by_id(client_for, dave, model_a, model_b):
+    client = client_for(dave)
+    client.post("/api/v1/versions/", {"model": "model-a", **version_data()})
+
+    by_name = client.get("/api/v1/versions/", {"model": "model-a"}).json()
+    by_id = client.get("/api/v1/versions/", {"model": model_a.pk}).json()
+    foreign = client.get("/api/v1/versions/", {"model": "model-b"}).json()
+
+    assert [v["id"] for v in by_name["results"]] == [v["id"] for v in by_id["results"]] != []
+    assert foreign["count"] == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "refused"),
+    [
+        ("post", "models/", {"name": "m", "owner": "x"}, {"owner": ["unknown field"]}),
+        ("patch", "models/{model}/", {"tenant": "tenant-b"}, {"tenant": None}),
+        ("patch", "models/{model}/", {"tenant": ""}, {"tenant": None}),
+        ("patch", "models/{model}/", {"latest_version": 3},
+         {"latest_version": ["read-only; leave it out"]}),
+        ("post", "deployments/", {"name": "d", "model": "model-a", "cluster": "gpu-east",
+                                  "slo": 5}, {"slo": ["unknown field"]}),
+        ("post", "loads/", {"deployment": 1, "version": 1, "force": True},
+         {"force": ["unknown field"]}),
+        ("post", "versions/{version}/approve/", {"reasons": "x"}, {"reasons": ["unknown field"]}),
+    ],
+)
+def test_fields_that_would_be_dropped_are_refused_by_name(client_for, dave, alice, model_a,
+                                                          cluster, method, path, body, refused):
+    version = ModelVersionFactory(model=model_a, version=1)
+    url = "/api/v1/" + path.format(model=model_a.pk, version=version.pk)
+
+    response = getattr(client_for(dave), method)(url, body)
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()) == list(refused)
+    for key, message in refused.items():
+        if message is not None:
+            assert response.json()[key] == message
+    assert fresh_model(model_a).tenant.slug == "tenant-a"
+
+
+def fresh_model(model: Model) -> Model:
+    return Model.objects.select_related("tenant").get(pk=model.pk)
+
+
+def test_an_alias_cannot_move_to_another_model(client_for, dave, model_a, tenant_a):
+    other = ModelFactory(tenant=tenant_a, name="other")
+    ModelVersionFactory(model=other, version=1)
+    alias = AliasFactory(model=model_a, version=ModelVersionFactory(model=model_a, version=1))
+
+    response = client_for(dave).put(f"/api/v1/aliases/{alias.pk}/",
+                                    {"model": other.pk, "name": "staging", "version": 1})
+
+    assert response.status_code == 400
+    assert response.json() == {"model": ["an alias cannot move to another model"]}
+    assert fresh_alias(alias).model_id == model_a.pk

@@ -43,9 +43,11 @@ def test_fleet_page_shows_live_health_and_refreshes_without_reload(
     transactional_db: None, live_server, local_triton: TritonProcess, alice, open_page
 ) -> None:
     """GIVEN the real Triton registered as the local cluster and probed once,
-    WHEN alice opens the fleet page, THEN it shows the server Healthy with its models;
+    WHEN alice opens the fleet page, THEN it shows the server Healthy with her tenant's
+    models named and the others counted;
     WHEN a dead server is added and probed, THEN the open page shows it Unreachable on its
     next htmx poll, without a reload."""
+    ModelFactory(tenant=alice.memberships.get().tenant, name="fraud-scorer")
     server = local_cluster.register(
         local_triton.http_url, local_triton.grpc_url, local_triton.metrics_url,
         local_triton.model_repository,
@@ -61,7 +63,8 @@ def test_fleet_page_shows_live_health_and_refreshes_without_reload(
     expect(row).to_contain_text("2.51.0")
     expect(row).to_contain_text("fraud-scorer v1")
     expect(row).to_contain_text("fraud-scorer v2")
-    expect(row).to_contain_text("sentiment v1")
+    expect(row).to_contain_text("1 other model")
+    expect(row).not_to_contain_text("sentiment")
     expect(page.locator("section.panel", has_text="Node localhost")).to_be_visible()
     assert screenshot(page, "fleet.png").stat().st_size > 0
 

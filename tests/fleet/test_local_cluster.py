@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from fleet import local_cluster
@@ -42,19 +43,13 @@ def free_ports(count: int) -> list[int]:
 
 
 def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line contains ``text`` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in cmdline and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    """Live (non-zombie) processes whose command line contains ``text``."""
+    return [
+        proc.pid
+        for proc in psutil.process_iter(["cmdline", "status"])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE
+        and text in " ".join(proc.info["cmdline"] or [])
+    ]
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ shared by the session (``local_triton``); the stop tests start small servers of 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from fleet.runtime.triton_local import (
@@ -40,18 +42,12 @@ FEATURES = [0.1, 0.5, 2.0]
 
 
 def pids_in_group(pgid: int) -> set[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
+    """Live (non-zombie) processes whose process group is ``pgid``."""
     found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            found.add(int(entry.name))
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError):
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                found.add(proc.pid)
     return found
 
 
@@ -65,15 +61,21 @@ def infer_fraud(client: httpx.Client, version: int) -> tuple[float, dict]:
     return elapsed, response.json()
 
 
-def start_small_server(
-    runtime: TritonRuntime, tmp_path: Path, models: list[str]
-) -> tuple[TritonProcess, set[str]]:
-    """Start a server of our own on a fresh demo repository; return it and the shm snapshot."""
+def start_small_server(runtime: TritonRuntime, tmp_path: Path, models: list[str]) -> TritonProcess:
+    """Start a server of our own on a fresh demo repository."""
     repository = tmp_path / "models"
     write_demo_repository(repository)
-    shm_before = shm_region_files()
-    server = start_triton(runtime, repository, load_models=models, log_path=tmp_path / "triton.log")
-    return server, shm_before
+    return start_triton(runtime, repository, load_models=models, log_path=tmp_path / "triton.log")
+
+
+def regions_of(server: TritonProcess) -> set[str]:
+    """The shm regions of the server's stubs, each named on its stub's command line (a
+    before/after look at /dev/shm would also count servers that other test runs start)."""
+    regions = set()
+    for pid in pids_in_group(server.pid):
+        with contextlib.suppress(psutil.Error):
+            regions.update(a for a in psutil.Process(pid).cmdline() if a.startswith(SHM_PREFIX))
+    return regions
 
 
 # -- session server ----------------------------------------------------------------------------
@@ -204,12 +206,12 @@ def test_write_demo_repository_is_idempotent(tmp_path: Path) -> None:
 def test_stop_leaves_no_process_and_no_shm_files(
     triton_runtime: TritonRuntime, tmp_path: Path
 ) -> None:
-    server, shm_before = start_small_server(triton_runtime, tmp_path, ["fraud-scorer"])
+    server = start_small_server(triton_runtime, tmp_path, ["fraud-scorer"])
     try:
         group = pids_in_group(server.pid)
         assert server.pid in group
         assert len(group) == 3  # the server and one stub per fraud-scorer version
-        ours = shm_region_files() - shm_before
+        ours = regions_of(server)
         assert len(ours) >= 2
     finally:
         server.stop()
@@ -224,9 +226,9 @@ def test_stop_leaves_no_process_and_no_shm_files(
 def test_stop_cleans_up_after_a_crashed_server(
     triton_runtime: TritonRuntime, tmp_path: Path
 ) -> None:
-    server, shm_before = start_small_server(triton_runtime, tmp_path, ["sentiment"])
+    server = start_small_server(triton_runtime, tmp_path, ["sentiment"])
     try:
-        ours = shm_region_files() - shm_before
+        ours = regions_of(server)
         assert ours
         # A hard kill of the server and its stub (as an OOM kill would): nothing of theirs
         # gets a chance to clean up, so their shm files stay behind.
@@ -243,9 +245,9 @@ def test_stop_cleans_up_after_a_crashed_server(
 
 
 def test_stop_pid_from_another_process(triton_runtime: TritonRuntime, tmp_path: Path) -> None:
-    server, shm_before = start_small_server(triton_runtime, tmp_path, ["sentiment"])
+    server = start_small_server(triton_runtime, tmp_path, ["sentiment"])
     try:
-        ours = shm_region_files() - shm_before
+        ours = regions_of(server)
         code = (
             "import sys; from fleet.runtime.triton_local import stop_pid; "
             "print(stop_pid(int(sys.argv[1]), 15)); print(stop_pid(int(sys.argv[1]), 15))"
@@ -269,7 +271,7 @@ def test_stop_pid_from_another_process(triton_runtime: TritonRuntime, tmp_path: 
 def test_remove_stale_shm_files_spares_fresh_and_mapped_regions(
     local_triton: TritonProcess,
 ) -> None:
-    in_use = shm_region_files()
+    in_use = regions_of(local_triton)
     assert in_use  # the session server's stubs map theirs
     stale = SHM_DIR / f"{SHM_PREFIX}test-stale-{os.getpid()}"
     fresh = SHM_DIR / f"{SHM_PREFIX}test-fresh-{os.getpid()}"
@@ -280,7 +282,11 @@ def test_remove_stale_shm_files_spares_fresh_and_mapped_regions(
         os.utime(stale, (old, old))
         for name in in_use:  # make the live regions look old too: being mapped must save them
             os.utime(SHM_DIR / name, (old, old))
-        assert remove_stale_shm_files(min_age=60) == [stale.name]
+        removed = remove_stale_shm_files(min_age=60)
+        # (Leftovers of servers that other test runs killed may go too: they are stale.)
+        assert stale.name in removed
+        assert fresh.name not in removed
+        assert not in_use & set(removed)
         assert not stale.exists()
         assert fresh.exists()
         assert in_use <= shm_region_files()

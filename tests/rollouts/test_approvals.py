@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from rest_framework.test import APIClient
 
 from fleet import tokens
 from fleet.errors import Conflict, DomainError
@@ -108,6 +110,51 @@ def test_who_made_the_requesting_token_cannot_approve(alice, erin, tenant_a, ver
     approvals.approve(erin, stored(version))
 
     assert stored(version).status == Status.APPROVED
+
+
+def test_a_token_made_by_a_token_stands_for_the_person_behind_the_first(alice, erin, tenant_a,
+                                                                        version):
+    """GIVEN alice makes admin token T1, T1 makes T2 and T2 requests approval
+    THEN T2 records alice as its person and alice may not approve; erin may."""
+    first = tokens.issue(alice, tenant_a, "t1", Role.ADMIN)
+    second = tokens.issue(TokenUser(first.token), tenant_a, "t2", Role.ADMIN)
+    third = tokens.issue(TokenUser(second.token), tenant_a, "t3", Role.DEPLOYER)
+    assert (second.token.created_by, second.token.created_by_token) == (alice, first.token)
+    assert (third.token.created_by, third.token.created_by_token) == (alice, second.token)
+
+    approvals.request_approval(TokenUser(third.token), version)
+
+    assert approvals.is_requester(alice, stored(version))
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        approvals.approve(alice, stored(version))
+    assert stored(version).status == Status.PENDING_APPROVAL
+    approvals.approve(erin, stored(version))
+    assert stored(version).decided_by == erin
+
+
+def test_four_eyes_is_checked_on_the_row_locked_for_the_transition(monkeypatch, alice, erin,
+                                                                   tenant_a, version):
+    """GIVEN alice holds a copy of the version read before anyone asked for approval
+    WHEN her token asks and she then approves from that stale copy
+    THEN the four-eyes check reads the locked row (inside the transaction), not her copy."""
+    stale = stored(version)
+    issued = tokens.issue(alice, tenant_a, "ci", Role.DEPLOYER)
+    approvals.request_approval(TokenUser(issued.token), version)
+    seen = []
+    real = approvals.is_requester
+
+    def spy(actor, checked):
+        seen.append((checked is stale, checked.status, transaction.get_connection().in_atomic_block))
+        return real(actor, checked)
+
+    monkeypatch.setattr(approvals, "is_requester", spy)
+
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        approvals.approve(alice, stale)
+
+    assert seen == [(False, Status.PENDING_APPROVAL, True)]
+    assert stored(version).status == Status.PENDING_APPROVAL
+    assert not AuditEvent.objects.filter(verb="approved").exists()
 
 
 def test_a_token_cannot_decide_even_with_the_approver_role(alice, dave, tenant_a, version):
@@ -249,6 +296,30 @@ def test_api_whoever_made_the_requesting_token_cannot_approve(token_client, clie
     ci = token_client(tenant_a, Role.DEPLOYER)  # conftest: tenant A tokens are made by alice
 
     requested = ci.post(url(version, "request-approval"))
+    by_alice = client_for(alice).post(url(version, "approve"))
+    by_erin = client_for(erin).post(url(version, "approve"))
+
+    assert requested.status_code == 200, requested.json()
+    assert by_alice.status_code == 403
+    assert "four-eyes" in by_alice.json()["detail"]
+    assert by_erin.status_code == 200
+    assert stored(version).decided_by == erin
+
+
+def test_api_a_token_made_by_a_token_cannot_launder_four_eyes(client_for, alice, erin, version):
+    """alice makes an admin token over the API; it makes a deployer token; that one asks.
+    alice is still the person behind the request, so she gets 403; erin approves."""
+    first = client_for(alice).post("/api/v1/tokens/", {"name": "t1", "role": "admin"})
+    assert first.status_code == 201, first.json()
+    as_first = APIClient()
+    as_first.credentials(HTTP_AUTHORIZATION=f"Bearer {first.json()['token']}")
+    second = as_first.post("/api/v1/tokens/", {"name": "t2", "role": "deployer"})
+    assert second.status_code == 201, second.json()
+    assert second.json()["created_by"] == "alice"
+    as_second = APIClient()
+    as_second.credentials(HTTP_AUTHORIZATION=f"Bearer {second.json()['token']}")
+
+    requested = as_second.post(url(version, "request-approval"))
     by_alice = client_for(alice).post(url(version, "approve"))
     by_erin = client_for(erin).post(url(version, "approve"))
 

@@ -9,13 +9,9 @@ Every test uses its own model name: the Triton is shared by the whole session.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import multiprocessing
 import os
-import tarfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -23,113 +19,19 @@ import pytest
 from django.db import connections
 
 from fleet.errors import Conflict, DomainError
-from fleet.models import Cluster, InferenceServer, Membership, Node, Placement
-from fleet.quota import usage_for
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from fleet.runtime.triton_local import DEMO_MODELS_DIR
+from fleet.models import AuditEvent, Placement
 from rollouts import loads
 from rollouts.models import ModelLoad, ModelVersion
-from tests.factories import (
-    DeploymentFactory,
-    MembershipFactory,
-    ModelFactory,
-    QuotaFactory,
-    UserFactory,
+from tests.rollouts.triton_world import (
+    BROKEN_MODEL_PY,
+    held,
+    index_state,
+    load_once,
+    make_artifact,
 )
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 State = ModelLoad.State
-
-BROKEN_MODEL_PY = "import numpy as np\n\nclass TritonPythonModel:\n    def execute(self, requests)\n        return []\n"
-
-
-def make_artifact(name: str, version: int, *, model_py: str | None = None, config: str | None = None) -> bytes:
-    """A tar.gz of the demo fraud scorer renamed ``name``: <name>/config.pbtxt, <name>/<v>/model.py."""
-    base = DEMO_MODELS_DIR / "fraud-scorer"
-    config_text = config if config is not None else (base / "config.pbtxt").read_text().replace(
-        'name: "fraud-scorer"', f'name: "{name}"'
-    )
-    code = model_py if model_py is not None else (base / "1" / "model.py").read_text()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for path, text in [(f"{name}/config.pbtxt", config_text), (f"{name}/{version}/model.py", code)]:
-            data = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-@pytest.fixture
-def world(settings, tmp_path, moto_s3, make_s3_store, local_triton):
-    """A tenant, its deployer, a cpu quota, a server on the real Triton, an S3 bucket."""
-    settings.SWITCHYARD_S3_ENDPOINT_URL = moto_s3.endpoint_url
-    settings.SWITCHYARD_S3_ACCESS_KEY_ID = DEMO_ACCESS_KEY_ID
-    settings.SWITCHYARD_S3_SECRET_ACCESS_KEY = DEMO_SECRET_ACCESS_KEY
-    settings.SWITCHYARD_ARTIFACT_CACHE = tmp_path / "cache"
-    settings.SWITCHYARD_LOAD_TIMEOUT_S = 45
-    settings.SWITCHYARD_LOAD_LEASE_S = 2
-    settings.SWITCHYARD_LOAD_MAX_ATTEMPTS = 2
-    cluster = Cluster.objects.create(name=f"local-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.LOCAL)
-    node = Node.objects.create(cluster=cluster, name="localhost", memory_mib=4096)
-    server = InferenceServer.objects.create(
-        cluster=cluster, node=node, name="triton", runtime=InferenceServer.Runtime.TRITON,
-        http_url=local_triton.http_url, model_repository=str(local_triton.model_repository),
-        log_path=str(local_triton.log_path),
-    )
-    user = UserFactory(username=f"deployer-{uuid.uuid4().hex[:6]}")
-    membership = MembershipFactory(user=user, role=Membership.Role.DEPLOYER)
-    tenant = membership.tenant
-    quota = QuotaFactory(tenant=tenant, device_class="cpu", units=4, memory_mib=1024)
-    model = ModelFactory(tenant=tenant, name=f"lt-{uuid.uuid4().hex[:8]}")
-    deployment = DeploymentFactory(tenant=tenant, model=model, cluster=cluster, name="d")
-    deployment.servers.set([server])
-    bucket = f"artifacts-{uuid.uuid4().hex[:8]}"
-    store = make_s3_store(moto_s3, tmp_path / "upload-cache")
-    store.ensure_bucket(bucket)
-
-    class World:
-        pass
-
-    w = World()
-    w.__dict__.update(cluster=cluster, node=node, server=server, user=user, tenant=tenant,
-                      quota=quota, model=model, deployment=deployment, bucket=bucket,
-                      store=store, triton=local_triton)
-
-    def version(number: int, *, blob: bytes | None = None, sha256: str | None = None,
-                config: dict | None = None, memory: int = 64) -> ModelVersion:
-        blob = blob if blob is not None else make_artifact(model.name, number)
-        uri = f"s3://{bucket}/{model.name}/{number}.tar.gz"
-        store.put(uri, blob)
-        return ModelVersion.objects.create(
-            model=model, version=number, artifact_uri=uri,
-            sha256=sha256 or hashlib.sha256(blob).hexdigest(), size_bytes=len(blob),
-            runtime="triton", backend="python", estimated_gpu_memory_mib=memory,
-            triton_config=config or {}, status=ModelVersion.Status.APPROVED,
-        )
-
-    w.version = version
-    yield w
-    # Leave the shared Triton as we found it.
-    for load in ModelLoad.objects.filter(server=server, state=State.READY):
-        loads.request_unload(user, deployment, load.version)
-        loads.run_to_end(load.pk)
-
-
-def index_state(triton, name: str) -> dict[str, str]:
-    rows = httpx.post(f"{triton.http_url}/v2/repository/index", timeout=5).json()
-    return {r.get("version", ""): r.get("state", "") for r in rows if r["name"] == name}
-
-
-def held(world) -> tuple[int, int]:
-    usage = usage_for([world.quota])[0]
-    return usage.units_used, usage.memory_used_mib
-
-
-def load_once(world, version: ModelVersion, **kwargs) -> ModelLoad:
-    rows, _ = loads.request_load(world.user, world.deployment, version, **kwargs)
-    assert len(rows) == 1
-    return loads.run_to_end(rows[0].pk)
 
 
 def test_it_loads_a_version_from_s3_onto_triton_and_unloads_it(world):
@@ -170,7 +72,7 @@ def test_loading_a_ready_version_again_changes_nothing(world):
     assert held(world) == (1, 64)
 
 
-def test_a_second_version_with_more_instances_gets_its_own_config(world):
+def test_a_second_version_with_more_instances_scales_the_version_kept_beside_it(world):
     v1 = world.version(1)
     v2 = world.version(2, config={"instance_group": [{"count": 2, "kind": "KIND_CPU"}]})
     first = load_once(world, v1)
@@ -178,13 +80,21 @@ def test_a_second_version_with_more_instances_gets_its_own_config(world):
 
     assert second.state == State.READY, second.error
     assert index_state(world.triton, world.model.name) == {"1": "READY", "2": "READY"}
-    config = httpx.get(
-        f"{world.triton.http_url}/v2/models/{world.model.name}/versions/2/config", timeout=5
-    ).json()
-    assert config["instance_group"][0]["count"] == 2
-    assert second.config_hash != first.config_hash
-    # Two instances of v2 count twice against the cpu quota.
-    assert held(world) == (1 + 2, 64 + 128)
+    counts = {
+        v: httpx.get(
+            f"{world.triton.http_url}/v2/models/{world.model.name}/versions/{v}/config", timeout=5
+        ).json()["instance_group"][0]["count"]
+        for v in (1, 2)
+    }
+    # Triton keeps one config per model: v1 was scaled to v2's two instances.
+    assert counts == {1: 2, 2: 2}
+    kept = ModelLoad.objects.get(pk=first.pk)
+    assert kept.config_hash != first.config_hash and kept.config_hash == second.config_hash
+    assert Placement.objects.get(pk=kept.placement_id).config_hash == kept.config_hash
+    assert "v2 was loaded beside it" in kept.events.last().message
+    # Both versions run two instances now, and the quota held says so.
+    assert held(world) == (2 + 2, 128 + 128)
+    assert AuditEvent.objects.filter(verb="config_changed", object_id=str(first.pk)).count() == 1
 
 
 def test_an_idempotency_key_returns_the_first_answer_and_refuses_another_request(world):

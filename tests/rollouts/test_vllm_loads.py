@@ -11,15 +11,17 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from fleet.models import Cluster, InferenceServer, Membership, Node, Placement
+from fleet import health
+from fleet.models import AuditEvent, Cluster, InferenceServer, Membership, Node, Placement
 from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from rollouts import loads
+from rollouts import drift, loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
     DeploymentFactory,
@@ -113,6 +115,43 @@ def test_a_lora_version_is_served_next_to_its_base_and_unloaded(vworld, local_vl
     assert load.state == State.UNLOADED, load.error
     assert f"{name}-v1" not in served(local_vllm.http_url)
     assert not (Path(server.model_repository) / f"{name}-v1").exists()
+
+
+def test_an_adapter_gone_from_the_server_is_marked_lost_and_loads_again(
+    vworld, local_vllm, lora_adapter_artifact
+):
+    """GIVEN a LoRA version ready on vLLM, WHEN the adapter disappears from the server behind
+    Switchyard's back (as after a restart, where vLLM forgets runtime adapters), THEN the next
+    probe and reconcile mark the load lost with the reason and free its quota, and a new load
+    request serves it again."""
+    server = vworld["server"]("vllm-drift", local_vllm.http_url)
+    name = f"drift-lora-{uuid.uuid4().hex[:4]}"
+    version, deployment = vworld["version"](
+        name, Path(lora_adapter_artifact).read_bytes(), adapter_of="smollm2", server_row=server
+    )
+    load = run(vworld, version, deployment)
+    assert load.state == State.READY, load.error
+
+    gone = httpx.post(f"{local_vllm.http_url}/v1/unload_lora_adapter", timeout=30,
+                      json={"lora_name": f"{name}-v1"})
+    assert gone.status_code == 200, gone.text
+    # Only an index read after the load was ready (with the clock skew allowed) may judge it.
+    time.sleep(drift.CLOCK_SKEW_S)
+    assert health.check_server(server.pk).health == InferenceServer.Health.HEALTHY
+
+    assert drift.reconcile_all()["lost"] == 1
+    load.refresh_from_db()
+    assert load.state == State.LOST
+    assert "no longer reports v1" in load.error
+    assert Placement.objects.get(pk=load.placement_id).state == Placement.State.RELEASED
+    assert AuditEvent.objects.filter(object_type="rollouts.modelload", object_id=str(load.pk),
+                                     verb="lost").exists()
+
+    again = run(vworld, version, deployment)
+    assert again.pk != load.pk
+    assert again.state == State.READY, again.error
+    assert served(local_vllm.http_url)[f"{name}-v1"] == "smollm2"
+    run(vworld, version, deployment, "unload")
 
 
 def test_a_broken_adapter_fails_readably_and_holds_nothing(vworld, local_vllm):

@@ -1,0 +1,67 @@
+"""What a caller may see of a shared inference server's own report.
+
+A server's ``reported_models`` is its whole model index: every tenant's models on it, with
+versions and failure reasons (which can quote private artifact paths). Each tenant sees the
+entries of its own models; the others are counted, never named. Platform admins see all.
+
+A model is a tenant's when one of the tenant's registry models has its name. The name is the
+server's, not a tenant's (Triton keeps one index per server), so where two tenants have a
+model of the same name, the one holding a placement of it on the server owns the entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.models import InferenceServer, Placement, Tenant
+from fleet.tenancy import tenant_roles
+
+
+@dataclass(frozen=True)
+class ReportedModels:
+    """The entries of a server's model index a caller may see, and how many models it may not."""
+
+    models: list[dict[str, Any]] = field(default_factory=list)
+    others: int = 0
+
+
+def reported_models(user: Any, servers: Iterable[InferenceServer]) -> dict[int, ReportedModels]:
+    """For each server (by id): what ``user`` may see of its reported models."""
+    servers = list(servers)
+    roles = tenant_roles(user)
+    if roles is None:
+        return {s.pk: ReportedModels(list(s.reported_models or [])) for s in servers}
+    own = set(roles)
+    own_names = set(
+        Tenant.objects.filter(pk__in=own, models__isnull=False).values_list("models__name", flat=True)
+    ) if own else set()
+    holders: dict[tuple[int, str], set[int]] = {}
+    if own_names:
+        held = Placement.objects.filter(
+            server__in=[s.pk for s in servers], state__in=Placement.HOLDING,
+            model_version__model__name__in=own_names,
+        ).values_list("server_id", "model_version__model__name", "tenant_id")
+        for server_id, name, tenant_id in held:
+            holders.setdefault((server_id, name), set()).add(tenant_id)
+
+    def is_own(server: InferenceServer, name: Any) -> bool:
+        if name not in own_names:
+            return False
+        holding = holders.get((server.pk, name))
+        # Another tenant's model of the same name, placed there by it: theirs, not ours.
+        return not holding or bool(holding & own)
+
+    seen: dict[int, ReportedModels] = {}
+    for server in servers:
+        entries = [m for m in server.reported_models or [] if isinstance(m, dict)]
+        mine = [m for m in entries if is_own(server, m.get("name"))]
+        hidden = {m.get("name") for m in entries if not is_own(server, m.get("name"))}
+        seen[server.pk] = ReportedModels(mine, len(hidden))
+    return seen
+
+
+def reported_models_of(user: Any, server: InferenceServer) -> ReportedModels:
+    """What ``user`` may see of one server's reported models."""
+    return reported_models(user, [server])[server.pk]

@@ -1,0 +1,342 @@
+"""Every console URL, by method and htmx, by persona: the answer tenancy gives each.
+
+Personas: tenant A's viewer (bob), deployer (dave), approver (erin) and admin (alice); the
+platform admin (root); charlie, admin of tenant B; a user of no tenant (loner); and an
+anonymous browser. What each gets:
+
+- anonymous: a redirect to the login page that comes back here; an htmx request instead gets
+  401 with ``HX-Redirect`` to that page, so a polling partial never swaps the login form in;
+- too low a role in tenant A: 403 with a page naming the role needed, and nothing changed;
+- tenant A's objects seen from tenant B (or from no tenant): 404; lists: 200 without them.
+  Fleet objects (servers, clusters) are shared by every member, so charlie sees them;
+- enough of a role: 200 (a POST: 302 back to the page) and the action really happened.
+
+The matrix is checked against the URL resolver, so a console URL without an entry here
+fails ``test_the_matrix_covers_every_console_url``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from fleet import health
+from fleet.adapters.base import ServerProbe
+from fleet.models import APIToken, AuditEvent, InferenceServer, Membership
+from rollouts import approvals
+from rollouts.forms import VersionActionForm
+from rollouts.models import Deployment, ModelLoad, ModelVersion, Route
+from tests.api.test_tenancy_matrix import World as ApiWorld
+from tests.api.test_tenancy_matrix import fresh, gone
+from tests.factories import ModelVersionFactory
+
+Role = Membership.Role
+ANONYMOUS = "anonymous"
+LONER = "loner"  # logged in, member of no tenant
+OTHER = "charlie"  # admin of tenant B: the highest role, so every refusal is tenancy's
+ROOT = "root"  # platform admin
+TENANT_A = {"bob": Role.VIEWER, "dave": Role.DEPLOYER, "erin": Role.APPROVER, "alice": Role.ADMIN}
+PERSONAS = [ANONYMOUS, *TENANT_A, ROOT, OTHER, LONER]
+# URLs outside the console: the API has its own matrix (tests/api/test_tenancy_matrix.py).
+NOT_CONSOLE = ("api/", "admin/", "static/")
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def fake_probes(monkeypatch):
+    """The server check probes for real; answer at once instead of touching the network."""
+
+    def probe(http_url: str, timeout: float) -> ServerProbe:
+        return ServerProbe(ready=False, live=False, error=f"connection refused at {http_url}")
+
+    monkeypatch.setattr(health, "PROBES", dict.fromkeys(InferenceServer.Runtime, probe))
+
+
+class World(ApiWorld):
+    """The API matrix's two tenants and shared fleet, and a few states the console needs."""
+
+    def browser(self, persona: str) -> Client:
+        client = Client()
+        if persona != ANONYMOUS:
+            client.force_login(self.persona(persona))
+        return client
+
+    @cached_property
+    def pending_b(self) -> ModelVersion:
+        version = ModelVersionFactory(model=self.model_b, version=2)
+        return approvals.request_approval(self.persona(OTHER), version)
+
+    @cached_property
+    def loading_a(self) -> Deployment:
+        """Deployment A with a load in flight, so its live panel keeps polling."""
+        assert self.load_a.state == ModelLoad.State.PENDING
+        return self.served_a
+
+    @cached_property
+    def ready_a(self) -> ModelLoad:
+        """Version 1 of model A ready on the server, so it can be unloaded."""
+        ModelLoad.objects.filter(pk=self.load_a.pk).update(state=ModelLoad.State.READY)
+        return fresh(self.load_a)
+
+
+@pytest.fixture
+def world(request, db) -> World:
+    return World(request)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One console URL, called one way, and what each persona gets from it.
+
+    ``scope``: "tenant" (tenant A's object: 404 from elsewhere), "list" (200 for everyone,
+    with only the caller's rows), "fleet" (shared: any member, 404 for the loner) or "login".
+    ``role``: the tenant role the call needs (None: any member reads it). ``rows``: for lists,
+    text only tenant A's and only tenant B's rows show, and the role needed to see them.
+    """
+
+    name: str
+    target: str | None = None  # World attribute whose pk is the URL's <pk>
+    label: str = ""  # tells two calls of one URL apart in test ids
+    method: str = "GET"
+    htmx: bool = False
+    scope: str = "tenant"
+    role: str | None = None
+    kwargs: dict[str, str] = field(default_factory=dict)
+    data: Callable[[World], dict[str, Any]] | None = None
+    ok: tuple[int, ...] = (200,)
+    rows: tuple[str, str] | None = None
+    rows_role: str = Role.VIEWER
+    done: Callable[[World, str], bool] | None = None  # (world, persona) → the effect is there
+    setup: tuple[str, ...] = ()  # World attributes to make before the call
+    foreign: str | None = None  # a create naming tenant A in this field: refused from elsewhere
+
+    @property
+    def id(self) -> str:
+        extra = "-".join(self.kwargs.values())
+        return "-".join(filter(None, [self.name.replace(":", "-"), extra, self.label,
+                                      self.method, "htmx" if self.htmx else ""]))
+
+    def url(self, world: World) -> str:
+        kwargs = dict(self.kwargs)
+        if self.target:
+            kwargs["pk"] = str(getattr(world, self.target).pk)
+        return reverse(self.name, kwargs=kwargs)
+
+    def expected(self, persona: str) -> int | str:
+        """A status, or "login" for the way anonymous callers are sent to log in."""
+        if self.scope == "login":
+            return 200 if persona == ANONYMOUS and self.method == "GET" else 302
+        if persona == ANONYMOUS:
+            return "login"
+        below = persona in TENANT_A and self.role is not None
+        if below and Membership.rank(TENANT_A[persona]) < Membership.rank(self.role):
+            return 403
+        if persona in (OTHER, LONER) and self.foreign:
+            return 400
+        if persona == OTHER and self.scope == "tenant":
+            return 404
+        if persona == LONER and self.scope in ("tenant", "fleet"):
+            return 404
+        return self.ok[0]
+
+
+def reason(text: str) -> Callable[[World], dict[str, Any]]:
+    return lambda w: {"reason": text}
+
+
+def version_status(target: str, status: str) -> Callable[[World, str], bool]:
+    return lambda w, persona: fresh(getattr(w, target)).status == status
+
+
+PAGES: list[Page] = [
+    Page("login", scope="login", method="GET"),
+    Page("logout", scope="login", method="POST"),
+    # --- console
+    Page("console:dashboard", scope="list", rows=("model-a", "model-b"),
+         setup=("pending_a", "pending_b")),
+    Page("console:fleet-health", scope="list", htmx=True),
+    Page("console:audit", scope="list", rows=("tenant-a", "tenant-b"),
+         setup=("audit_a", "audit_b")),
+    Page("console:audit", scope="list", htmx=True, rows=("tenant-a", "tenant-b"),
+         setup=("audit_a", "audit_b")),
+    # --- fleet: shared servers, tenant quotas and tokens
+    Page("fleet:overview", scope="list", setup=("server",)),
+    Page("fleet:servers-live", scope="list", htmx=True, setup=("server",)),
+    Page("fleet:server", "server", scope="fleet"),
+    Page("fleet:server-status", "server", scope="fleet", htmx=True),
+    # Probing a server is open to any member: it refreshes observed health, typed in by no one.
+    Page("fleet:server-check", "server", scope="fleet", method="POST", htmx=True,
+         done=lambda w, p: fresh(w.server).last_checked_at is not None),
+    Page("fleet:quotas", scope="list", rows=("tenant-a", "tenant-b"), setup=("quota_a", "quota_b")),
+    Page("fleet:quotas", scope="list", htmx=True, rows=("tenant-a", "tenant-b"),
+         setup=("quota_a", "quota_b")),
+    # Tokens are listed to their tenant's admins only.
+    Page("fleet:tokens", scope="list", rows=("ci-a", "ci-b"), rows_role=Role.ADMIN,
+         setup=("token_a", "token_b")),
+    # A create names its tenant in the body: from elsewhere, a form error on that field (as the
+    # API answers 400 naming it). The secret is shown in the answer itself (200).
+    Page("fleet:token-create", method="POST", role=Role.ADMIN, ok=(200,), foreign="tenant",
+         data=lambda w: {"tenant": w.tenant_a.slug, "name": "deploy-bot", "role": "deployer"},
+         done=lambda w, p: APIToken.objects.filter(tenant=w.tenant_a, name="deploy-bot").exists()),
+    Page("fleet:token-revoke", "token_a", method="POST", role=Role.ADMIN, ok=(302,),
+         data=reason("leaked"), done=lambda w, p: fresh(w.token_a).state == "revoked"),
+    # --- registry
+    Page("rollouts:models", scope="list", rows=("model-a", "model-b"), setup=("model_a", "model_b")),
+    Page("rollouts:models", scope="list", htmx=True, rows=("model-a", "model-b"),
+         setup=("model_a", "model_b")),
+    Page("rollouts:model", "model_a"),
+    Page("rollouts:model", "model_a", htmx=True),
+    Page("rollouts:version", "version_a"),
+    Page("rollouts:version-action", "version_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "request-approval"}, ok=(302,), data=reason("ready for review"),
+         done=version_status("version_a", ModelVersion.Status.PENDING_APPROVAL)),
+    Page("rollouts:version-action", "pending_a", method="POST", role=Role.APPROVER,
+         kwargs={"action": "approve"}, ok=(302,), data=reason("benchmarks are fine"),
+         done=version_status("pending_a", ModelVersion.Status.APPROVED)),
+    Page("rollouts:version-action", "pending_a", method="POST", role=Role.APPROVER,
+         kwargs={"action": "reject"}, ok=(302,), data=reason("p99 regressed"),
+         done=version_status("pending_a", ModelVersion.Status.REJECTED)),
+    Page("rollouts:version-action", "version_a", method="POST", role=Role.APPROVER,
+         kwargs={"action": "archive"}, ok=(302,), data=reason("superseded"),
+         done=version_status("version_a", ModelVersion.Status.ARCHIVED)),
+    # --- deployments and loads
+    Page("rollouts:deployments", scope="list", rows=("dep-a", "dep-b"),
+         setup=("deployment_a", "deployment_b")),
+    Page("rollouts:deployment", "deployment_a"),
+    Page("rollouts:deployment-loads", "loading_a", htmx=True),
+    Page("rollouts:deployment-load", "served_a", "load", method="POST", role=Role.DEPLOYER, ok=(302,),
+         data=lambda w: {"action": "load", "version": w.version_a.pk},
+         done=lambda w, p: ModelLoad.objects.filter(
+             deployment=w.deployment_a, version=w.version_a, state="pending").exists()),
+    Page("rollouts:deployment-load", "served_a", "unload", method="POST", role=Role.DEPLOYER,
+         ok=(302,), setup=("ready_a",),
+         data=lambda w: {"action": "unload", "version": w.version_a.pk},
+         done=lambda w, p: fresh(w.ready_a).state == ModelLoad.State.UNLOADING),
+    # --- traffic routes: the page with its Traffic panel; changes go to the real nginx
+    Page("rollouts:deployment", "route_a", "routed"),
+    Page("rollouts:deployment-route", "route_a", method="POST", role=Role.DEPLOYER, ok=(302,),
+         data=lambda w: w.routed({"weight_1": "100", "policy": "least-pending",
+                                  "reason": "fewest in flight"}),
+         done=lambda w, p: fresh(w.route_a).policy == "least-pending"),
+    Page("rollouts:deployment-route-default", "routable_a", method="POST", role=Role.DEPLOYER,
+         ok=(302,), data=lambda w: w.routed({}),
+         done=lambda w, p: Route.objects.filter(pk=w.routable_a.pk, state="in_force").exists()),
+    Page("rollouts:deployment-route-remove", "route_a", method="POST", role=Role.DEPLOYER,
+         ok=(302,), data=lambda w: w.routed({"reason": "retiring"}),
+         done=lambda w, p: fresh(w.route_a).state == "removed"),
+    Page("rollouts:deployment-delete", "deployment_a", role=Role.ADMIN),
+    Page("rollouts:deployment-delete", "deployment_a", method="POST", role=Role.ADMIN, ok=(302,),
+         data=reason("replaced by dep-c"), done=lambda w, p: gone(w.deployment_a)),
+    Page("rollouts:load", "load_a"),
+    Page("rollouts:load", "load_a", htmx=True),
+]
+
+
+def console_url_names() -> set[str]:
+    """Every named URL the site serves outside the API, the admin and static files."""
+    names: set[str] = set()
+
+    def walk(patterns: list[Any], prefix: str, namespace: str | None) -> None:
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if route.startswith(NOT_CONSOLE):
+                continue
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, route, pattern.namespace or namespace)
+            elif isinstance(pattern, URLPattern):
+                assert pattern.name, f"console URL {route} has no name"
+                names.add(f"{namespace}:{pattern.name}" if namespace else pattern.name)
+
+    walk(get_resolver().url_patterns, "", None)
+    return names
+
+
+def test_the_matrix_covers_every_console_url():
+    covered = {page.name for page in PAGES}
+    assert covered == console_url_names()
+    actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:version-action"}
+    assert actions == set(VersionActionForm.ACTIONS)
+    ids = [page.id for page in PAGES]
+    assert len(ids) == len(set(ids)), "a page is listed twice"
+
+
+def state(world: World) -> tuple[Any, ...]:
+    """What a refused call must leave as it was."""
+    return (
+        AuditEvent.objects.count(),
+        list(ModelVersion.objects.order_by("pk").values_list("pk", "status")),
+        list(ModelLoad.objects.order_by("pk").values_list("pk", "state")),
+        list(APIToken.objects.order_by("pk").values_list("pk", "revoked_at")),
+        list(Deployment.objects.order_by("pk").values_list("pk", "archived_at")),
+        list(InferenceServer.objects.order_by("pk").values_list("pk", "last_checked_at")),
+    )
+
+
+def cases() -> list[Any]:
+    return [
+        pytest.param(page, persona, page.expected(persona), id=f"{page.id}-{persona}")
+        for page in PAGES
+        for persona in PERSONAS
+    ]
+
+
+@pytest.mark.parametrize(("page", "persona", "expected"), cases())
+def test_console_tenancy(world, page, persona, expected):
+    for name in page.setup:
+        getattr(world, name)
+    url = page.url(world)
+    client = world.browser(persona)
+    headers = {"HX-Request": "true", "HX-Current-URL": f"http://testserver{url}"} if page.htmx else {}
+    data = page.data(world) if page.data else {}
+    before = state(world)
+
+    if page.method == "POST":
+        response = client.post(url, data, headers=headers)
+    else:
+        response = client.get(url, data, headers=headers)
+    body = response.content.decode()
+
+    if expected == "login":
+        login = f"{reverse('login')}?next={quote(url)}"
+        if page.htmx:
+            assert response.status_code == 401, body
+            assert response["HX-Redirect"] == login
+        else:
+            assert response.status_code == 302, body
+            assert response["Location"] == login
+        assert state(world) == before
+        return
+    if expected in page.ok:
+        assert response.status_code in page.ok, body
+    else:
+        assert response.status_code == expected, body
+    if expected == 403:
+        assert f"this needs the {page.role} role in the tenant" in body
+        assert state(world) == before
+    elif expected == 404:
+        assert "tenant-a" not in body
+        assert state(world) == before
+    elif expected == 400:
+        assert f'id="{page.foreign}-error"' in body, body
+        assert state(world) == before
+    elif page.rows is not None:
+        mine, theirs = page.rows
+        sees_a = persona == ROOT or (
+            persona in TENANT_A and Membership.rank(TENANT_A[persona]) >= Membership.rank(page.rows_role)
+        )
+        sees_b = persona in (ROOT, OTHER)
+        assert (mine in body) == sees_a, mine
+        assert (theirs in body) == sees_b, theirs
+    if page.done is not None and response.status_code in page.ok and page.scope != "login":
+        assert page.done(world, persona)
