@@ -5,6 +5,8 @@
 #   worker:                celery -A console worker -l info
 #   beat:                  celery -A console beat -l info --schedule /srv/switchyard/data/celerybeat-schedule
 #   migrations:            python manage.py migrate --noinput
+#   sample collector:      python manage.py collect_samples --host 0.0.0.0
+#   traffic router:        sh /etc/switchyard-nginx/run.sh, deploy/nginx mounted there (nginx)
 #
 # At run time the image needs SWITCHYARD_PRODUCTION=true, SECRET_KEY (or SECRET_KEY_FILE),
 # SWITCHYARD_ALLOWED_HOSTS, DATABASE_URL and REDIS_URL; docker-compose.yml sets them all.
@@ -19,6 +21,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     WEB_CONCURRENCY=3
 
 WORKDIR /app
+
+# Debian's nginx: the compose cluster's traffic router runs it from this image, and the web
+# server and worker test every route change with `nginx -t` before it is put in force.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nginx \
+ && rm -rf /var/lib/apt/lists/*
 
 # Dependencies first, read from pyproject.toml, so this layer is rebuilt only when they change.
 COPY pyproject.toml ./
@@ -45,12 +53,14 @@ RUN SWITCHYARD_PRODUCTION=true \
     SWITCHYARD_ALLOWED_HOSTS=localhost \
     python manage.py collectstatic --noinput
 
-# Run as an unprivileged user; it owns only the data folder (Celery beat's schedule file).
+# Run as an unprivileged user; it owns only the data folder (Celery beat's schedule file) and
+# the router folder (route files shared with the nginx service through a volume).
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/switchyard switchyard \
- && mkdir -p /srv/switchyard/data \
- && chown -R switchyard:switchyard /srv/switchyard/data
+ && mkdir -p /srv/switchyard/data /srv/switchyard/router \
+ && chown -R switchyard:switchyard /srv/switchyard/data /srv/switchyard/router
 USER switchyard
 
 EXPOSE 8000
 # Worker processes: WEB_CONCURRENCY (3 by default); more gunicorn flags via GUNICORN_CMD_ARGS.
-CMD ["gunicorn", "console.wsgi", "--bind", "0.0.0.0:8000", "--access-logfile", "-"]
+# No control socket: gunicorn's default one is shared by every server of the same home directory.
+CMD ["gunicorn", "console.wsgi", "--bind", "0.0.0.0:8000", "--access-logfile", "-", "--no-control-socket"]

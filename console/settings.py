@@ -58,6 +58,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_htmx",
     "template_partials",
+    "axes",
+    "csp",
     "console",
     "fleet",
     "rollouts",
@@ -66,6 +68,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the session, the user or a form: NUL characters are a 400 here.
+    "console.middleware.RefuseNulCharactersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -73,9 +77,15 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.htmx.HtmxLoginMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last: turns a locked-out login into the login page saying why (fleet.lockouts).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
+# Under /api/ a CSRF failure answers JSON like every API error (console.errors).
+CSRF_FAILURE_VIEW = "console.errors.csrf_failure"
 WSGI_APPLICATION = "console.wsgi.application"
 ASGI_APPLICATION = "console.asgi.application"
 
@@ -117,6 +127,23 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Brute-force protection (fleet/lockouts.py): django-axes refuses logins, on the console and in
+# the admin, for a cool-off once an account or an address failed this many times; API tokens
+# from an address that sent this many malformed or unknown ones are answered 429 as long.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+SWITCHYARD_LOGIN_FAILURE_LIMIT = env_int("SWITCHYARD_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+SWITCHYARD_LOGIN_COOLOFF_S = env_int("SWITCHYARD_LOGIN_COOLOFF_S", 900, minimum=1)
+SWITCHYARD_TOKEN_FAILURE_LIMIT = env_int("SWITCHYARD_TOKEN_FAILURE_LIMIT", 20, minimum=1)
+AXES_FAILURE_LIMIT = SWITCHYARD_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=SWITCHYARD_LOGIN_COOLOFF_S)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # per account, and per address
+AXES_LOCKOUT_CALLABLE = "fleet.lockouts.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "fleet.lockouts.client_ip"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console:dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -174,7 +201,23 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+# A worker that lost the broker tries again forever, at most 1 s apart (console.celery.Consumer),
+# so it takes tasks again within about a second of the broker coming back.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CONSUMER = "console.celery:Consumer"
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 300,
+    # A broker that accepts connections but does not answer fails a command after 2 s instead
+    # of holding it (and the web request that publishes) forever.
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 2.0,
+}
+# A publish fails fast when the broker is down: one retry (which replaces a connection the
+# broker dropped when it restarted), then the caller logs it and beat's reconcile tick picks
+# the work up (console.celery.send_soon). Celery's default makes 3 retries.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.2,
+}
 SWITCHYARD_HEALTH_INTERVAL_S = env_float("SWITCHYARD_HEALTH_INTERVAL_S", 3.0, minimum=1.0)
 SWITCHYARD_PROBE_TIMEOUT_S = env_float("SWITCHYARD_PROBE_TIMEOUT_S", 2.0, minimum=0.1)
 CELERY_BEAT_SCHEDULE = {
@@ -208,6 +251,39 @@ SWITCHYARD_LOCAL_TRITON_METRICS_PORT = env_int(
     "SWITCHYARD_LOCAL_TRITON_METRICS_PORT", 8102, minimum=1
 )
 
+# --- Traffic routes (fleet/routers.py, rollouts/routes.py) --------------------------------------
+# nginx sends every routed request's JSON sample as a UDP syslog message to this collector
+# (rollouts.samples). On a static cluster nginx runs on another host: the host named here must
+# be an address of this machine that the router's host can reach.
+SWITCHYARD_COLLECTOR_HOST = env_str("SWITCHYARD_COLLECTOR_HOST", "127.0.0.1")
+SWITCHYARD_COLLECTOR_PORT = env_int("SWITCHYARD_COLLECTOR_PORT", 5514, minimum=1)
+# The local cluster's nginx: its prefix directory (the router's route files are in
+# <prefix>/switchyard) and the port of its status page.
+SWITCHYARD_LOCAL_NGINX_DIR = DATA_DIR / "local" / "nginx"
+SWITCHYARD_LOCAL_NGINX_STATUS_PORT = env_int("SWITCHYARD_LOCAL_NGINX_STATUS_PORT", 8190, minimum=1)
+# Where the local nginx's routes listen, and the host name their URLs give clients.
+SWITCHYARD_LOCAL_ROUTE_LISTEN_HOST = env_str("SWITCHYARD_LOCAL_ROUTE_LISTEN_HOST", "127.0.0.1")
+SWITCHYARD_LOCAL_ROUTE_PUBLIC_HOST = env_str("SWITCHYARD_LOCAL_ROUTE_PUBLIC_HOST", "")
+# The ports routes listen on, "first-last": each deployment's route keeps one for its life.
+_route_ports = env_str("SWITCHYARD_ROUTE_PORTS", "18100-18199")
+try:
+    _first_port, _last_port = (int(p) for p in _route_ports.split("-", 1))
+except ValueError:
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_ROUTE_PORTS must be a range such as 18100-18199, got {_route_ports!r}"
+    ) from None
+if not 1 <= _first_port <= _last_port <= 65535:
+    raise ImproperlyConfigured(f"SWITCHYARD_ROUTE_PORTS is not a port range: {_route_ports!r}")
+SWITCHYARD_ROUTE_PORTS = range(_first_port, _last_port + 1)
+# A route change being applied holds its route this long at most (a worker that died while
+# nginx reloaded leaves a claim that runs out).
+SWITCHYARD_ROUTE_APPLY_LEASE_S = env_float("SWITCHYARD_ROUTE_APPLY_LEASE_S", 60.0, minimum=5.0)
+CELERY_BEAT_SCHEDULE["ensure-routes"] = {
+    "task": "rollouts.tasks.ensure_routes",
+    "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_RECONCILE_INTERVAL_S},
+}
+
 # --- REST API -------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -215,14 +291,21 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Filters, ordering and pages that refuse what they cannot read (fleet/api/filters.py).
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "fleet.api.filters.FilterBackend",
+        "fleet.api.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "console.schema.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",
+    # Refuse deep nesting, NUL characters and out-of-range numbers with a 400 naming the field.
+    "DEFAULT_PARSER_CLASSES": [
+        "console.parsers.JSONParser",
+        "console.parsers.FormParser",
+        "console.parsers.MultiPartParser",
+    ],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {
@@ -234,16 +317,58 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # OpenAPI 3.1: its schemas are JSON Schema, which can state what 3.0 cannot (the names a
+    # map takes: label names are not empty).
+    "OAS_VERSION": "3.1.0",
+    # Request bodies are JSON (docs/api.md): form encodings, which the browsable API also
+    # accepts, cannot state null, nested objects or lists, so the schema does not offer them.
+    "PARSER_WHITELIST": ["rest_framework.parsers.JSONParser"],
     "SCHEMA_PATH_PREFIX": "/api/v1",
     # Served from this site: nothing outside the machine is reachable at run time.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Choice sets that share a field name ("state") get names of their own.
+    "ENUM_NAME_OVERRIDES": {
+        "LoadStateEnum": "rollouts.models.loads.ModelLoad.State",
+        "PlacementStateEnum": "fleet.models.quotas.Placement.State",
+        "TokenStateEnum": ["active", "expired", "revoked"],
+    },
+    # Every operation states the errors it can answer, in one shape (console/schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.schema.add_error_responses",
+    ],
 }
 
 # --- Production hardening -------------------------------------------------------------------
-if PRODUCTION:
+# X-Forwarded-Proto and X-Forwarded-For are believed only when a proxy in front sets them and
+# says so; otherwise any client could claim HTTPS, or another address.
+SWITCHYARD_TRUST_PROXY_HEADERS = env_bool("SWITCHYARD_TRUST_PROXY_HEADERS", False)
+if SWITCHYARD_TRUST_PROXY_HEADERS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Content-Security-Policy (django-csp): the console runs only its own, vendored scripts; no
+# inline script or handler, and no eval (so no htmx trigger filters or hx-on: console.js does
+# that work). Inline style attributes stay allowed (progress bars set widths; htmx adds its
+# indicator style); they cannot run code. The API docs run under the same policy (Swagger UI's
+# split view; ReDoc may also start its search worker from a blob: URL; console/urls.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "font-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
+if PRODUCTION:
     SECURE_SSL_REDIRECT = env_bool("SWITCHYARD_SSL_REDIRECT", True)
     # Secure cookies need HTTPS; turn off only to try production mode over plain HTTP.
     SESSION_COOKIE_SECURE = env_bool("SWITCHYARD_SECURE_COOKIES", True)

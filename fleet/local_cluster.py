@@ -2,7 +2,8 @@
 
 ``up()`` prepares the Triton runtime (its own virtualenv, made on first use), writes the demo
 model repository, starts the server on the configured ports, records it as cluster ``local``
-and writes a pidfile; ``down()`` stops the server named in the pidfile. The demo and the tests
+and writes a pidfile; ``down()`` stops the server named in the pidfile. ``run_nginx()`` runs
+the local cluster's traffic router (nginx, restarted when it dies). The demo and the tests
 use it; production clusters are ``static`` or ``kubernetes``.
 """
 
@@ -12,16 +13,18 @@ import json
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 from django.db import transaction
 
-from fleet.adapters.vllm_roll import VLLMRollRuntime, stop_from_pidfile
+from fleet.adapters.vllm_roll import host_pidfile, stop_from_pidfile
 from fleet.models import Cluster, InferenceServer, Node
-from fleet.runtime import triton_local, vllm_local
+from fleet.runtime import nginx_supervisor, triton_local, vllm_local
 
 CLUSTER_NAME = "local"
 SERVER_NAME = "triton-local"
@@ -48,14 +51,7 @@ class LocalPaths:
 
 
 def _memory_mib() -> int:
-    try:
-        with Path("/proc/meminfo").open() as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 0
+    return psutil.virtual_memory().total // 2**20
 
 
 @transaction.atomic
@@ -195,27 +191,7 @@ def down() -> bool:
 
 
 def vllm_pidfile(server_name: str) -> Path:
-    return LocalPaths.from_settings().root / "run" / f"vllm-{server_name}.json"
-
-
-def switch_server_endpoint(server_id: int, http_url: str) -> None:
-    """A rolled vLLM server listens somewhere new: point the server record there."""
-    InferenceServer.objects.filter(pk=server_id).update(
-        http_url=http_url, metrics_url=f"{http_url}/metrics",
-        health=InferenceServer.Health.UNKNOWN, health_detail="restarted on a new process",
-    )
-
-
-def vllm_roll_runtime(server: InferenceServer) -> VLLMRollRuntime:
-    paths = LocalPaths.from_settings()
-    runtime = vllm_local.ensure_runtime(settings.DATA_DIR)
-    return VLLMRollRuntime(
-        runtime,
-        paths.root / "vllm" / "models",
-        vllm_pidfile(server.name),
-        paths.root / "logs",
-        on_switch=lambda url, pid: switch_server_endpoint(server.pk, url),
-    )
+    return host_pidfile(settings.DATA_DIR, server_name)
 
 
 def register_vllm(http_url: str, adapters_dir: Path, log_path: Path | None = None,
@@ -255,3 +231,44 @@ def down_vllm() -> bool:
     """Stop every local vLLM server named by a pidfile (the first one, and rolled ones)."""
     run = LocalPaths.from_settings().root / "run"
     return any([stop_from_pidfile(p) for p in sorted(run.glob("vllm-*.json"))])
+
+
+# --------------------------------------------------------------------------------------------
+# nginx: the local cluster's traffic router
+# --------------------------------------------------------------------------------------------
+
+
+def nginx_prefix() -> Path:
+    """The local nginx's prefix (SWITCHYARD_LOCAL_NGINX_DIR); its routes live in
+    ``<prefix>/switchyard``, the directory the traffic router writes."""
+    default = settings.DATA_DIR / "local" / "nginx"
+    return Path(getattr(settings, "SWITCHYARD_LOCAL_NGINX_DIR", default))
+
+
+def nginx_status_port() -> int:
+    return int(getattr(settings, "SWITCHYARD_LOCAL_NGINX_STATUS_PORT", 8190))
+
+
+def run_nginx(stop: threading.Event, progress: Callable[[str], None] = print) -> None:
+    """Start the local nginx and keep it running until ``stop`` is set: when it dies it is
+    started again from the last good configuration (``fleet.runtime.nginx_supervisor``).
+    RuntimeError, with nginx's log, when the first start fails."""
+    supervisor = nginx_supervisor.NginxSupervisor(
+        nginx_prefix(), status_port=nginx_status_port(), progress=progress
+    )
+    proc = supervisor.start()
+    progress(
+        f"local nginx ready (pid {proc.pid}, status {proc.status_url}, routes in "
+        f"{proc.conf_dir}, log {proc.error_log})"
+    )
+    supervisor.run(stop)
+
+
+def nginx_state() -> dict[str, object] | None:
+    """What the local nginx's supervisor last wrote (state, pid, restarts, last exit)."""
+    return nginx_supervisor.read_state(nginx_prefix())
+
+
+def down_nginx() -> bool:
+    """Stop a local nginx left running on the configured prefix. False when none was."""
+    return nginx_supervisor.stop_leftover(nginx_prefix()) is not None

@@ -6,6 +6,10 @@ nobody. Rates come from the difference with the previous scrape of the same serv
 Redis as the raw text, so any worker can take the next tick), counter resets included. Points
 go to a Redis sorted set per (deployment, version) kept for 15 minutes at full resolution, and
 the current minute is upserted into ``LatencyRollup`` (kept 30 days) on every tick.
+
+Where a deployment's traffic goes through its route, the router's per-request samples
+(``rollouts.samples``) replace that estimate in :func:`series`: exact percentiles and every
+4xx and 5xx, per variant, with the copies mirrored to a candidate shown apart.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +37,7 @@ from fleet import loadstats
 from fleet.adapters import metrics
 from fleet.adapters.base import AdapterError
 from fleet.models import InferenceServer
+from rollouts import samples
 from rollouts.models import Deployment, LatencyRollup
 
 log = logging.getLogger(__name__)
@@ -36,10 +45,14 @@ log = logging.getLogger(__name__)
 WINDOW_S = 15 * 60
 ROLLUP_KEEP = timedelta(days=30)
 MAX_PARALLEL = 32
+# Beyond the scrape timeout, what a tick waits for its scrape threads to start and finish.
+TICK_GRACE_S = 0.2
 FIELDS = (
     "rps", "error_rate", "p50_ms", "p95_ms", "p99_ms", "avg_ms", "ttft_p50_ms", "ttft_p99_ms",
     "itl_p50_ms",
 )
+ROUTER_POINTS = 300  # at most this many points per variant from router samples (1 s up to 5 min)
+ROUTER_FIELDS = ("requests", "errors", "errors_4xx", "errors_5xx", "upstream_errors", "max_ms")
 
 
 def _redis() -> redis.Redis:
@@ -150,48 +163,114 @@ def tick(timeout: float | None = None) -> dict[str, int]:
             lock.release()
 
 
+def _scrape_all(servers: list[InferenceServer], timeout: float) -> Iterator[Scraped]:
+    """Scrape every server in parallel; yield each result as it completes.
+
+    The whole scrape has a hard deadline of ``timeout`` plus a little grace: a server that
+    has not answered by then (hung, or its thread never got to run) is yielded as failed and
+    abandoned, so it holds up neither the other servers' results nor the tick's end.
+    """
+    deadline = time.monotonic() + timeout + TICK_GRACE_S
+    limits = httpx.Limits(max_connections=MAX_PARALLEL, max_keepalive_connections=MAX_PARALLEL)
+    client = httpx.Client(limits=limits)
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(servers)),
+                              thread_name_prefix="latency-scrape")
+    futures = {pool.submit(_scrape, server, timeout, client): server for server in servers}
+    pending = set(futures)
+    try:
+        try:
+            for future in as_completed(futures, timeout=max(deadline - time.monotonic(), 0.0)):
+                pending.discard(future)
+                yield future.result()
+        except FuturesTimeout:
+            for future in list(pending):
+                pending.discard(future)
+                if future.done():
+                    yield future.result()
+                else:
+                    yield Scraped(futures[future], time.time(), None,
+                                  f"no answer within the tick's deadline of "
+                                  f"{timeout + TICK_GRACE_S:.1f} s; abandoned")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _close_when_done(list(futures), client)
+
+
+def _close_when_done(futures: list[Future[Scraped]], client: httpx.Client) -> None:
+    """Close the tick's HTTP client once its last scrape thread has ended (each ends within
+    its own timeout), without waiting for it here."""
+    lock = threading.Lock()
+    left = [len(futures)]
+
+    def one_done(_: Future[Scraped]) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            client.close()
+
+    if not futures:
+        client.close()
+    for future in futures:
+        future.add_done_callback(one_done)
+
+
 def _tick(store: redis.Redis, deployments: list[Deployment], servers: dict[int, InferenceServer],
           timeout: float) -> dict[str, int]:
-    limits = httpx.Limits(max_connections=MAX_PARALLEL, max_keepalive_connections=MAX_PARALLEL)
-    with httpx.Client(limits=limits) as client, ThreadPoolExecutor(
-        max_workers=min(MAX_PARALLEL, len(servers))
-    ) as pool:
-        results = list(pool.map(lambda s: _scrape(s, timeout, client), servers.values()))
+    # Each deployment's points are written as soon as all of its servers have answered (or
+    # failed, or were abandoned at the deadline), whatever the other servers do.
+    waiting = {d.pk: {s.pk for s in d.servers.all()} for d in deployments}
+    of_server: dict[int, list[Deployment]] = defaultdict(list)
+    for deployment in deployments:
+        for server in deployment.servers.all():
+            of_server[server.pk].append(deployment)
     windows: dict[int, dict[tuple[str, str], Any]] = {}
-    for scraped in results:
+    taken: dict[int, float] = {}
+    points = failed = 0
+    for scraped in _scrape_all(list(servers.values()), timeout):
+        pk = scraped.server.pk
         if scraped.text is None:
             # The previous scrape stays: the next success spans the gap at the right rate.
             log.info("metrics of %s: %s", scraped.server, scraped.error)
-            continue
-        windows[scraped.server.pk] = _windows(scraped, store)
-        load = sum(w.rps for w in windows[scraped.server.pk].values())
-        loadstats.record(scraped.server.pk, scraped.taken_at, load, store)
-    # Points are stamped with when the data was read, not when the slowest scrape gave up.
-    now = max((r.taken_at for r in results if r.text is not None), default=time.time())
-    points = 0
+            failed += 1
+        else:
+            windows[pk] = _windows(scraped, store)
+            taken[pk] = scraped.taken_at
+            load = sum(w.rps for w in windows[pk].values())
+            loadstats.record(pk, scraped.taken_at, load, store)
+        for deployment in of_server[pk]:
+            waiting[deployment.pk].discard(pk)
+            if not waiting[deployment.pk]:
+                points += _write_points(store, deployment, windows, taken)
+    return {"servers": len(servers), "points": points, "failed": failed}
+
+
+def _write_points(store: redis.Redis, deployment: Deployment,
+                  windows: dict[int, dict[tuple[str, str], Any]], taken: dict[int, float]) -> int:
+    """One point per label of the deployment from its servers' windows, and their rollups."""
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for server in deployment.servers.all():
+        kind = "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
+        for (model, version), win in windows.get(server.pk, {}).items():
+            if model == deployment.model.name:
+                grouped[_label(kind, version, model)].append(win)
+    if not grouped:
+        return 0
+    # Stamped with when the data was read, not when the slowest scrape gave up.
+    now = max(taken[s.pk] for s in deployment.servers.all() if s.pk in taken)
     pipe = store.pipeline()
-    rollups: list[tuple[Deployment, str, dict[str, Any]]] = []
-    for deployment in deployments:
-        grouped: dict[str, list[Any]] = defaultdict(list)
-        for server in deployment.servers.all():
-            kind = "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
-            for (model, version), win in windows.get(server.pk, {}).items():
-                if model == deployment.model.name:
-                    grouped[_label(kind, version, model)].append(win)
-        for label, parts in grouped.items():
-            point = {"t": now, **_combine(parts)}
-            key = _series_key(deployment.pk, label)
-            pipe.zadd(key, {json.dumps(point): now})
-            pipe.zremrangebyscore(key, "-inf", now - WINDOW_S)
-            pipe.expire(key, WINDOW_S)
-            pipe.sadd(_labels_key(deployment.pk), label)
-            pipe.expire(_labels_key(deployment.pk), WINDOW_S)
-            rollups.append((deployment, label, point))
-            points += 1
+    for label, parts in grouped.items():
+        point = {"t": now, **_combine(parts)}
+        key = _series_key(deployment.pk, label)
+        pipe.zadd(key, {json.dumps(point): now})
+        pipe.zremrangebyscore(key, "-inf", now - WINDOW_S)
+        pipe.expire(key, WINDOW_S)
+        pipe.sadd(_labels_key(deployment.pk), label)
+        pipe.expire(_labels_key(deployment.pk), WINDOW_S)
     pipe.execute()
-    for deployment, label, _ in rollups:
+    for label in grouped:
         _roll_up(store, deployment, label, now)
-    return {"servers": len(servers), "points": points, "failed": sum(r.text is None for r in results)}
+    return len(grouped)
 
 
 def _points(store: redis.Redis, deployment_id: int, label: str, since: float) -> list[dict[str, Any]]:
@@ -228,6 +307,7 @@ def _roll_up(store: redis.Redis, deployment: Deployment, label: str, now: float)
             "avg_ms": mean("avg_ms"), "p50_ms": mean("p50_ms"), "p95_ms": worst("p95_ms"),
             "p99_ms": worst("p99_ms"), "ttft_p50_ms": mean("ttft_p50_ms"),
             "itl_p50_ms": mean("itl_p50_ms"),
+            "last_sample_at": datetime.fromtimestamp(max(p["t"] for p in points), tz=UTC),
         },
     )
 
@@ -241,30 +321,46 @@ def prune(keep: timedelta = ROLLUP_KEEP) -> int:
 def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
     """The latency series of a deployment per version, newest last, in the charts' shape.
 
-    Windows up to 15 minutes come from Redis at full resolution; longer ones, or when Redis
-    has nothing (after a restart), from the minute rollups.
+    Windows up to 15 minutes come from Redis at full resolution (``source`` "live"); longer
+    ones, or when Redis has nothing (after a restart) or cannot be reached, from the minute
+    rollups (``source`` "rollups"). ``live_error`` says why the live window could not be read.
+    Every point is dated by the scrape it comes from, so ``age_s`` grows once scraping stops.
+
+    When the deployment's route sent samples in the window, they are used instead (``source``
+    "router", see :func:`_router_series`).
     """
     now = time.time()
     since = now - window_s
     versions: dict[str, dict[str, Any]] = {}
-    try:
-        store = _redis()
-        labels = sorted(label.decode() for label in store.smembers(_labels_key(deployment.pk)))
-        if window_s <= WINDOW_S:
+    live_error = None
+    if window_s <= WINDOW_S:
+        routed = _router_series(deployment, window_s, now)
+        if routed is not None:
+            return routed
+        try:
+            store = _redis()
+            labels = sorted(label.decode() for label in store.smembers(_labels_key(deployment.pk)))
             for label in labels:
                 points = _points(store, deployment.pk, label, since)
                 if points:
                     versions[label] = {"label": label, "points": [_public(p) for p in points]}
-    except redis.RedisError as exc:
-        log.warning("latency series from Redis failed: %s", exc)
+        except redis.RedisError as exc:
+            log.warning("latency series from Redis failed: %s", exc)
+            live_error = f"the live window in Redis cannot be read: {exc}"
+    source = "live" if versions else "rollups"
     if not versions:
         rows = LatencyRollup.objects.filter(
-            deployment=deployment, minute__gte=datetime.fromtimestamp(since, tz=UTC)
+            deployment=deployment, minute__gte=datetime.fromtimestamp(since - 60, tz=UTC)
         ).order_by("minute")
         for row in rows:
+            # Dated by its newest scrape; rows written before that was recorded, by the end of
+            # their minute (at most now).
+            t = (row.last_sample_at.timestamp() if row.last_sample_at
+                 else min(row.minute.timestamp() + 60, now))
+            if t < since:
+                continue
             versions.setdefault(row.label, {"label": row.label, "points": []})["points"].append(
-                {"t": min(row.minute.timestamp() + 60, now),
-                 **{f: getattr(row, f, None) for f in FIELDS}}
+                {"t": t, **{f: getattr(row, f, None) for f in FIELDS}}
             )
     newest = max((v["points"][-1]["t"] for v in versions.values() if v["points"]), default=None)
     return {
@@ -272,6 +368,8 @@ def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
         "slo_p99_ms": deployment.slo_p99_ms,
         "slo_error_rate": float(deployment.slo_error_rate),
         "window_s": window_s,
+        "source": source,
+        "live_error": live_error,
         "updated_at": datetime.fromtimestamp(newest, tz=UTC).isoformat() if newest else None,
         "age_s": round(now - newest, 2) if newest else None,
         "versions": dict(sorted(versions.items())),
@@ -280,3 +378,50 @@ def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
 
 def _public(point: dict[str, Any]) -> dict[str, Any]:
     return {"t": point["t"], **{f: point.get(f) for f in FIELDS}}
+
+
+def _router_series(deployment: Deployment, window_s: int, now: float) -> dict[str, Any] | None:
+    """The series from the route's per-request samples, or None when it has none.
+
+    One entry per variant (its own requests, keyed by the variant's name) and one per variant
+    that received mirrored copies (key ``<variant>:mirror``, labelled "... (mirror)"). Points
+    cover slices of ``step_s`` seconds (1 s for windows up to 5 minutes), dated by their end,
+    with exact p50/p95/p99 of the requests that ended in the slice, their rate, and the
+    error rate counting every 4xx and 5xx and failed upstream (in percent). ``summary`` holds
+    the same figures over the whole window (``rollouts.samples.summarize``).
+    """
+    step = max(1, math.ceil(window_s / ROUTER_POINTS))
+    try:
+        sliced = samples.buckets(deployment.pk, window_s, step, now=now)
+    except redis.RedisError as exc:
+        log.warning("router samples from Redis failed: %s", exc)
+        return None
+    if not sliced:
+        return None
+    versions: dict[str, dict[str, Any]] = {}
+    for (variant, mirror), found in sorted(sliced.items()):
+        versions[f"{variant}:mirror" if mirror else variant] = {
+            "label": f"{variant} (mirror)" if mirror else variant,
+            "variant": variant,
+            "mirror": mirror,
+            "points": [_router_point(p) for p in found["points"]],
+            "summary": found["summary"],
+        }
+    newest = max(v["points"][-1]["t"] for v in versions.values())
+    return {
+        "deployment": deployment.pk,
+        "slo_p99_ms": deployment.slo_p99_ms,
+        "slo_error_rate": float(deployment.slo_error_rate),
+        "window_s": window_s,
+        "source": "router",
+        "step_s": step,
+        "live_error": None,
+        "updated_at": datetime.fromtimestamp(newest, tz=UTC).isoformat(),
+        "age_s": round(now - newest, 2),
+        "versions": versions,
+    }
+
+
+def _router_point(point: dict[str, Any]) -> dict[str, Any]:
+    figures = {**point, "requests": point["count"]}
+    return {"t": point["t"], **{f: figures.get(f) for f in (*FIELDS, *ROUTER_FIELDS)}}

@@ -8,25 +8,29 @@ step is idempotent, so a step repeated after a lost worker changes nothing twice
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import threading
 import time
+import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from fleet import audit, quota
-from fleet.adapters.base import AdapterError
+from fleet.adapters.base import READY, AdapterError, ServerRuntime
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
-from fleet.models import InferenceServer, Membership
+from fleet.models import InferenceServer, Membership, Placement
 from fleet.runtimes import artifact_store_for, runtime_for
 from fleet.tenancy import require_role, token_of
+from rollouts import routes
 from rollouts.models import Deployment, ModelLoad, ModelLoadEvent, ModelVersion
 
 log = logging.getLogger(__name__)
@@ -67,6 +71,8 @@ def check_runtime(version: ModelVersion, servers: list[InferenceServer]) -> None
 
 
 def check_loadable(deployment: Deployment, version: ModelVersion) -> None:
+    if deployment.archived_at is not None:
+        raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
     if version.model_id != deployment.model_id:
         raise DomainError(
             f"version belongs to {version.model.name}, the deployment serves {deployment.model.name}",
@@ -120,20 +126,52 @@ def request_load(
     fingerprint = hashlib.sha256(
         f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}".encode()
     ).hexdigest()
-    if idempotency_key:
-        earlier = list(
-            ModelLoad.objects.filter(tenant=deployment.tenant, idempotency_key=idempotency_key)
-        )
-        if earlier:
-            if earlier[0].request_fingerprint != fingerprint:
-                raise Conflict(
-                    "this Idempotency-Key was used for a different request", field="idempotency_key"
-                )
-            return earlier, False
+    try:
+        return _create_loads(actor, deployment, version, servers, idempotency_key, fingerprint)
+    except IntegrityError:
+        # The server locks make requests with one key go one at a time; should another one
+        # win the insert all the same (the unique constraint has the last word), answer as
+        # its replay, or its conflict.
+        earlier = _replay(deployment, idempotency_key, fingerprint) if idempotency_key else None
+        if earlier is None:
+            raise
+        return earlier, False
+
+
+def _replay(deployment: Deployment, key: str, fingerprint: str) -> list[ModelLoad] | None:
+    """The loads an earlier request with ``key`` made, or None; a Conflict if that request
+    asked for something else."""
+    earlier = list(ModelLoad.objects.filter(tenant=deployment.tenant, idempotency_key=key))
+    if not earlier:
+        return None
+    if earlier[0].request_fingerprint != fingerprint:
+        raise Conflict("this Idempotency-Key was used for a different request", field="idempotency_key")
+    return earlier
+
+
+def _create_loads(
+    actor: Any,
+    deployment: Deployment,
+    version: ModelVersion,
+    servers: list[InferenceServer],
+    idempotency_key: str,
+    fingerprint: str,
+) -> tuple[list[ModelLoad], bool]:
     token = token_of(actor)
     loads: list[ModelLoad] = []
     created: list[ModelLoad] = []
     with transaction.atomic():
+        # Deleting the deployment takes the same lock: it is never archived under a new load.
+        if Deployment.objects.select_for_update().only("archived_at").get(pk=deployment.pk).archived_at:
+            raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
+        # The key is looked up under the locks of every server it could write a load to, so
+        # a retry racing the first request waits for it and then replays it.
+        for server in servers:
+            InferenceServer.objects.select_for_update().filter(pk=server.pk).first()
+        if idempotency_key:
+            earlier = _replay(deployment, idempotency_key, fingerprint)
+            if earlier is not None:
+                return earlier, False
         for server in servers:
             busy = _lock_and_find_busy(server, version)
             if busy is not None:
@@ -179,6 +217,8 @@ def request_unload(
     label = actor_label(actor)
     moved: list[ModelLoad] = []
     with transaction.atomic():
+        # A version the route still sends traffic to stays loaded until the traffic moves.
+        routes.check_unload(deployment, version, servers)
         for server in servers:
             busy = _lock_and_find_busy(server, version)
             if busy is not None and not (busy.version_id == version.pk and busy.state == State.UNLOADING):
@@ -204,9 +244,12 @@ def request_unload(
 
 
 def _enqueue_on_commit(load_id: int) -> None:
+    """Hand the load to a worker once its row is committed; with the broker down the request
+    still succeeds and the next reconcile tick (``due_loads``) picks the load up."""
+    from console.celery import send_soon
     from rollouts.tasks import advance_load
 
-    transaction.on_commit(lambda: advance_load.delay(load_id))
+    send_soon(advance_load, load_id)
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,6 +276,7 @@ def _claim(load_id: int) -> ModelLoad | None:
             return None  # another worker holds it
         if load.next_attempt_at and load.next_attempt_at > now:
             return None  # backing off after a transient failure
+        load.taken_over = bool(load.lease_owner)
         if load.lease_owner:
             _event(load, f"took over from a worker whose lease ran out ({load.lease_owner[:8]})")
         load.lease_owner = uuid.uuid4().hex
@@ -257,21 +301,59 @@ def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
         _event(load, message, to)
 
 
-def _renew(load: ModelLoad, *, blocking_call: bool = False) -> None:
-    """Extend the lease; before a blocking server call, by that call's whole timeout too."""
-    seconds = settings.SWITCHYARD_LOAD_LEASE_S
-    if blocking_call:
-        seconds += settings.SWITCHYARD_LOAD_TIMEOUT_S
-    _update(load, lease_expires_at=timezone.now() + timedelta(seconds=seconds))
+def _lease_until() -> Any:
+    return timezone.now() + timedelta(seconds=settings.SWITCHYARD_LOAD_LEASE_S)
+
+
+@contextlib.contextmanager
+def _heartbeat(load: ModelLoad) -> Iterator[None]:
+    """Keep the lease short and alive while a step runs.
+
+    A thread renews the lease every third of ``SWITCHYARD_LOAD_LEASE_S``, so a worker that
+    dies (SIGKILL, a lost machine) leaves a lease that runs out within that many seconds,
+    whatever the step was waiting for. It stops renewing once the step has run for
+    ``SWITCHYARD_LOAD_TIMEOUT_S`` plus a lease (longer than any server call may take: the
+    worker is stuck, so let another one take over), and when the lease was taken over.
+    """
+    every = settings.SWITCHYARD_LOAD_LEASE_S / 3
+    give_up = time.monotonic() + settings.SWITCHYARD_LOAD_TIMEOUT_S + settings.SWITCHYARD_LOAD_LEASE_S
+    stop = threading.Event()
+    pk, owner = load.pk, load.lease_owner
+
+    def renew() -> None:
+        try:
+            while not stop.wait(every) and time.monotonic() < give_up:
+                if not ModelLoad.objects.filter(pk=pk, lease_owner=owner).update(
+                    lease_expires_at=_lease_until()
+                ):
+                    return  # taken over: the step's next write notices
+        except Exception:  # a renewal that fails lets the lease run out: the safe side
+            log.exception("load %s: renewing the lease failed", pk)
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=renew, name=f"load-{pk}-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def demand_of(version: ModelVersion, device_class: str, config: dict[str, Any]) -> tuple[int, int]:
+    """(units, memory MiB) a version running with ``config``: GPUs, or model instances on CPU
+    nodes (the instance groups' counts)."""
+    if device_class == "cpu":
+        groups = (config or {}).get("instance_group") or [{}]
+        instances = sum(int(g.get("count", 1)) for g in groups if isinstance(g, dict)) or 1
+        return instances, version.estimated_gpu_memory_mib * instances
+    return version.gpus, version.estimated_gpu_memory_mib
 
 
 def demand(version: ModelVersion, device_class: str) -> tuple[int, int]:
     """(units, memory MiB) a version asks for: GPUs, or model instances on CPU nodes."""
-    if device_class == "cpu":
-        groups = (version.triton_config or {}).get("instance_group") or [{}]
-        instances = sum(int(g.get("count", 1)) for g in groups if isinstance(g, dict)) or 1
-        return instances, version.estimated_gpu_memory_mib * instances
-    return version.gpus, version.estimated_gpu_memory_mib
+    return demand_of(version, device_class, dict(version.triton_config or {}))
 
 
 def _is_lora(version: ModelVersion) -> bool:
@@ -297,8 +379,8 @@ def _fetch(load: ModelLoad, *, move: bool = True) -> Any:
         now = time.monotonic()
         if now - last[0] >= PROGRESS_EVERY_S or done >= total:
             last[0] = now
-            _update(load, bytes_done=done, bytes_total=total,
-                    lease_expires_at=timezone.now() + timedelta(seconds=settings.SWITCHYARD_LOAD_LEASE_S))
+            # Progress is proof of life: it renews the lease even past the heartbeat's limit.
+            _update(load, bytes_done=done, bytes_total=total, lease_expires_at=_lease_until())
 
     store = artifact_store_for(load.server.cluster)
     return store.fetch(version.artifact_uri, sha256=version.sha256, size=version.size_bytes, progress=progress)
@@ -312,7 +394,6 @@ def _fetch_step(load: ModelLoad) -> None:
 
 
 def _place(load: ModelLoad) -> None:
-    _renew(load)
     path = _fetch(load, move=False)  # from the cache: the digest was verified by the fetch step
     version = load.version
     runtime_for(load.server, lora=_is_lora(version)).place(version.model.name, version.version, path)
@@ -321,8 +402,15 @@ def _place(load: ModelLoad) -> None:
 
 def _load(load: ModelLoad) -> None:
     version = load.version
-    _renew(load, blocking_call=True)
-    loaded = runtime_for(load.server, lora=_is_lora(version)).load(
+    runtime = runtime_for(load.server, lora=_is_lora(version))
+    if getattr(load, "taken_over", False):
+        # The worker that died may have got the version loaded: ask the server first. The
+        # load below then sends nothing when it runs as asked (and waits for a load the dead
+        # worker sent that is still going on), so only the config is read back.
+        state = runtime.status(version.model.name, version.version, settings.SWITCHYARD_PROBE_TIMEOUT_S)
+        _event(load, f"{load.server.name} reports v{version.version} {state or 'not loaded'}"
+               + (": checking its config" if state == READY else ": loading it"))
+    loaded = runtime.load(
         version.model.name, version.version, dict(version.triton_config or {}),
         settings.SWITCHYARD_LOAD_TIMEOUT_S,
     )
@@ -338,14 +426,95 @@ def _load(load: ModelLoad) -> None:
             quota.release(other.placement)
             _event(other, f"replaced: v{version.version} now runs in a new server process",
                    State.UNLOADED)
+    else:
+        _refresh_kept(load, runtime)
     _move(load, State.READY, f"ready on {load.server.name} (config {loaded.config_hash[:12]})",
           config_hash=loaded.config_hash, ready_at=timezone.now())
+
+
+def _refresh_kept(load: ModelLoad, runtime: ServerRuntime) -> None:
+    """Re-read what the model's other ready versions on the server run with now.
+
+    Triton keeps one config per model: loading a version with another config scales or
+    reloads the versions kept beside it with that config. Their recorded hash, and the quota
+    they hold when their instance count changed, follow what the server runs.
+    """
+    version = load.version
+    kept = ModelLoad.objects.filter(
+        server=load.server, version__model=version.model, state=State.READY
+    ).exclude(pk=load.pk).select_related("version__model", "placement", "tenant", "server")
+    for other in kept:
+        try:
+            served = runtime.served(version.model.name, other.version.version,
+                                    settings.SWITCHYARD_PROBE_TIMEOUT_S)
+        except AdapterError as exc:  # the drift reconciler looks at it with the next probe
+            log.warning("load %s: cannot read the config of v%s: %s", load.pk, other.version.version, exc)
+            continue
+        refresh_served_config(
+            other, served.config_hash, served.config,
+            f"v{version.version} was loaded beside it (the server keeps one config per model)",
+        )
+
+
+def refresh_served_config(
+    load: ModelLoad, config_hash: str, config: dict[str, Any], why: str, *, verb: str = "config_changed"
+) -> bool:
+    """Record that a ready load runs with another config now: its hash and, when the instance
+    count changed with it, the quota its placement holds; an event and an audit entry say
+    why. Returns False when the hash is the one recorded (or the load is no longer ready)."""
+    if config_hash == load.config_hash:
+        return False
+    placement = load.placement
+    before = {"config_hash": load.config_hash}
+    after = {"config_hash": config_hash}
+    holds: dict[str, int] = {}
+    if placement is not None and placement.state in Placement.HOLDING:
+        units, memory = demand_of(load.version, placement.device_class, config)
+        if (units, memory) != (placement.units, placement.memory_mib):
+            before.update(units=placement.units, memory_mib=placement.memory_mib)
+            holds = {"units": units, "memory_mib": memory}
+            after.update(holds)
+    with transaction.atomic():
+        if not ModelLoad.objects.filter(pk=load.pk, state=State.READY).update(
+            config_hash=config_hash, updated_at=timezone.now()
+        ):
+            return False
+        if placement is not None:
+            Placement.objects.filter(pk=placement.pk, state__in=Placement.HOLDING).update(
+                config_hash=config_hash, **holds
+            )
+        text = f"config now {config_hash[:12]} (was {(load.config_hash or 'none')[:12]}): {why}"
+        if holds:
+            unit = "model instance" if placement.device_class == "cpu" else "GPU"
+            text += (f"; holds {holds['units']} {unit}{'s' if holds['units'] != 1 else ''} and "
+                     f"{holds['memory_mib']} MiB (was {placement.units} and {placement.memory_mib} MiB)")
+        _event(load, text, State.READY)
+        audit.record(None, verb, load, tenant=load.tenant, before=before, after=after, reason=why)
+    load.config_hash = config_hash
+    return True
+
+
+def mark_lost(load: ModelLoad, why: str) -> bool:
+    """A ready load whose version the server no longer serves: ``lost``, its quota released,
+    an event and an audit entry (by the system) saying why. False when it was not ready."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not ModelLoad.objects.filter(pk=load.pk, state=State.READY).update(
+            state=State.LOST, finished_at=now, updated_at=now, unload_requested_by_label="system",
+            error=f"gone from the server: {why}",
+        ):
+            return False
+        quota.release(load.placement)
+        _event(load, f"gone from the server: {why}; quota released", State.LOST)
+        audit.record(None, "lost", load, tenant=load.tenant,
+                     before={"state": State.READY}, after={"state": State.LOST}, reason=why)
+    load.state = State.LOST
+    return True
 
 
 def _unload(load: ModelLoad) -> None:
     version = load.version
     runtime = runtime_for(load.server, lora=_is_lora(version))
-    _renew(load, blocking_call=True)
     runtime.unload(version.model.name, version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
     runtime.remove(version.model.name, version.version)
     quota.release(load.placement)
@@ -376,47 +545,73 @@ def _cleanup(load: ModelLoad) -> str:
         runtime.remove(version.model.name, version.version)
     except AdapterError as exc:
         problems.append(f"cleanup on {load.server.name} failed: {exc.message}")
+    except Exception as exc:  # the quota is released all the same
+        log.exception("load %s: cleanup failed", load.pk)
+        problems.append(f"cleanup on {load.server.name} failed: {type(exc).__name__}: {exc}")
     return "; ".join(problems)
 
 
-def _fail(load: ModelLoad, message: str, server_log: str = "") -> None:
+def _fail(load: ModelLoad, message: str, server_log: str = "", error_trace: str = "") -> None:
     if load.state == State.UNLOADING:
         _move(load, State.FAILED,
               f"unload failed: {message}. The version may still be loaded; its quota stays held",
-              error=message, server_log=server_log, finished_at=timezone.now())
+              error=message, server_log=server_log, error_trace=error_trace,
+              finished_at=timezone.now())
         return
     leftover = _cleanup(load)
     quota.release(load.placement)
     text = message + (f" ({leftover})" if leftover else "")
     _move(load, State.FAILED, f"failed while {load.get_state_display().lower()}: {text}; quota released",
-          error=text, server_log=server_log, finished_at=timezone.now())
+          error=text, server_log=server_log, error_trace=error_trace, finished_at=timezone.now())
+
+
+def _retry_or_fail(load: ModelLoad, exc: AdapterError) -> None:
+    """A server's answer: retry a transient one (backing off), fail on a permanent one or
+    when the retries are spent."""
+    attempts = load.attempts + 1
+    if exc.permanent or attempts >= settings.SWITCHYARD_LOAD_MAX_ATTEMPTS:
+        message, _, server_log = exc.message.partition("\nserver log")
+        _fail(load, message, f"server log{server_log}" if server_log else "")
+        return
+    delay = min(2**attempts, 30)
+    _update(load, attempts=attempts, error=exc.message,
+            next_attempt_at=timezone.now() + timedelta(seconds=delay))
+    _event(load, f"{exc.message}; retry {attempts}/{settings.SWITCHYARD_LOAD_MAX_ATTEMPTS - 1} in {delay} s")
 
 
 def advance(load_id: int) -> str | None:
-    """Do at most one step of a load. Returns the state it left, or None if nothing was done."""
+    """Do at most one step of a load. Returns the state it left, or None if nothing was done.
+
+    What a server answered (an AdapterError) is retried or fails the load as it says. An
+    unexpected exception is a bug, not the server being busy: the load fails at once, with
+    a readable error and the traceback kept for operators. A database error is left to
+    propagate: the lease runs out and the next tick repeats the step.
+    """
     load = _claim(load_id)
     if load is None:
         return None
     try:
-        STEPS[load.state](load)
+        try:
+            with _heartbeat(load):
+                STEPS[load.state](load)
+        except (LostLease, DatabaseError):
+            raise
+        except QuotaExceeded as exc:
+            _fail(load, exc.message)
+        except AdapterError as exc:
+            _retry_or_fail(load, exc)
+        except Exception as exc:
+            log.exception("load %s: unexpected error in %s", load_id, load.state)
+            _fail(
+                load,
+                f"Switchyard failed unexpectedly while {load.get_state_display().lower()} "
+                f"({type(exc).__name__}: {exc}); this is not the server's answer and retrying "
+                "cannot help. Platform admins find the details on this load's page",
+                error_trace=traceback.format_exc(),
+            )
     except LostLease:
         log.info("load %s: another worker took over", load_id)
         return None
-    except QuotaExceeded as exc:
-        _fail(load, exc.message)
-    except Exception as exc:
-        if not isinstance(exc, AdapterError):
-            log.exception("load %s: unexpected error in %s", load_id, load.state)
-            exc = AdapterError(f"{type(exc).__name__}: {exc}", permanent=False)
-        attempts = load.attempts + 1
-        if exc.permanent or attempts >= settings.SWITCHYARD_LOAD_MAX_ATTEMPTS:
-            message, _, server_log = exc.message.partition("\nserver log")
-            _fail(load, message, f"server log{server_log}" if server_log else "")
-        else:
-            delay = min(2**attempts, 30)
-            _update(load, attempts=attempts, error=exc.message,
-                    next_attempt_at=timezone.now() + timedelta(seconds=delay))
-            _event(load, f"{exc.message}; retry {attempts}/{settings.SWITCHYARD_LOAD_MAX_ATTEMPTS - 1} in {delay} s")
     finally:
         ModelLoad.objects.filter(pk=load.pk, lease_owner=load.lease_owner).update(
             lease_owner="", lease_expires_at=None
@@ -436,18 +631,25 @@ def due_loads() -> list[int]:
 
 
 def forget_server_state(server: InferenceServer, why: str) -> int:
-    """A server came back empty (restarted): its ready loads no longer hold; release them."""
+    """A server known to have come back empty (the demo restarts its local servers): its
+    ready loads are lost, an unload in flight is done, other loads in flight failed; every
+    placement is released. Returns how many loads changed."""
     count = 0
     now = timezone.now()
-    for load in ModelLoad.objects.filter(server=server, state__in=[State.READY, *ModelLoad.IN_FLIGHT]):
-        settled = State.UNLOADED if load.state in (State.READY, State.UNLOADING) else State.FAILED
+    for load in ModelLoad.objects.filter(server=server, state__in=[State.READY, *ModelLoad.IN_FLIGHT]).select_related(
+        "tenant", "placement"
+    ):
+        if load.state == State.READY:
+            count += mark_lost(load, why)
+            continue
+        settled = State.UNLOADED if load.state == State.UNLOADING else State.FAILED
         fields = {"state": settled, "finished_at": now, "updated_at": now, "lease_owner": ""}
         if settled == State.FAILED:
             fields["error"] = f"interrupted: {why}"
-        ModelLoad.objects.filter(pk=load.pk, state=load.state).update(**fields)
-        quota.release(load.placement)
-        _event(load, f"no longer loaded: {why}; quota released", settled)
-        count += 1
+        if ModelLoad.objects.filter(pk=load.pk, state=load.state).update(**fields):
+            quota.release(load.placement)
+            _event(load, f"no longer loaded: {why}; quota released", settled)
+            count += 1
     return count
 
 

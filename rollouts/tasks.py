@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts import latency, loads
+from rollouts import drift, latency, loads, routes
 from rollouts.models import ModelLoad
 
 
@@ -20,7 +20,9 @@ def advance_load(self: Task, load_id: int) -> None:
 
 @shared_task(ignore_result=True)
 def reconcile_loads() -> int:
-    """Beat tick: advance every load in flight that no worker holds (lost workers included)."""
+    """Beat tick: mark lost what the servers no longer report (drift), then advance every load
+    in flight that no worker holds (lost workers included)."""
+    drift.reconcile_all()
     due = loads.due_loads()
     for load_id in due:
         advance_load.delay(load_id)
@@ -37,3 +39,9 @@ def scrape_latency() -> dict[str, int]:
 def prune_latency() -> int:
     """Hourly: drop latency rollups older than 30 days."""
     return latency.prune()
+
+
+@shared_task(ignore_result=True)
+def ensure_routes() -> int:
+    """Beat tick: a default route for every deployment that has a ready version and none yet."""
+    return routes.ensure_routes()

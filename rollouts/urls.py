@@ -12,5 +12,11 @@ urlpatterns = [
     path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
     path("deployments/<int:pk>/loads/", views.deployment_loads, name="deployment-loads"),
     path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
+    path("deployments/<int:pk>/delete/", views.deployment_delete, name="deployment-delete"),
+    path("deployments/<int:pk>/route/", views.deployment_route, name="deployment-route"),
+    path("deployments/<int:pk>/route/default/", views.deployment_route_default,
+         name="deployment-route-default"),
+    path("deployments/<int:pk>/route/remove/", views.deployment_route_remove,
+         name="deployment-route-remove"),
     path("loads/<int:pk>/", views.load_detail, name="load"),
 ]

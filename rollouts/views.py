@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Q
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
 from console.paging import paginate, querystring_without_page
-from fleet.errors import DomainError
 from fleet.models import AuditEvent, Membership, Placement, Tenant
-from fleet.tenancy import has_role
-from rollouts import approvals, loads
-from rollouts.models import Deployment, Model, ModelLoad, ModelVersion
+from fleet.tenancy import has_role, require_role
+from rollouts import approvals, deployments, routes, samples
+from rollouts.forms import (
+    DeploymentDeleteForm,
+    DeploymentLoadForm,
+    RouteDefaultForm,
+    RouteForm,
+    RouteRemoveForm,
+    VersionActionForm,
+)
+from rollouts.models import Deployment, Model, ModelLoad, ModelVersion, Route
+
+TRAFFIC_WINDOW_S = 60  # the Traffic panel's measured split covers the last minute
 
 
 @login_required
@@ -33,6 +41,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
             latest=Max("versions__version"),
             pending=Count("versions", filter=Q(versions__status="pending_approval"), distinct=True),
         )
+        .order_by("tenant__slug", "name")
     )
     q = request.GET.get("q", "").strip()
     tenant = request.GET.get("tenant", "")
@@ -64,7 +73,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "status": status,
         "statuses": ModelVersion.Status.choices,
         "aliases": model.aliases.select_related("version"),
-        "deployments": model.deployments.select_related("cluster"),
+        "deployments": model.deployments.filter(archived_at__isnull=True).select_related("cluster"),
         "placements": Placement.objects.filter(
             model_version__model=model, state__in=Placement.HOLDING
         ).select_related("server", "model_version"),
@@ -74,15 +83,19 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, template, context)
 
 
-@login_required
-def version_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    version = get_object_or_404(
+def _version(request: HttpRequest, pk: int) -> ModelVersion:
+    return get_object_or_404(
         ModelVersion.objects.visible_to(request.user).select_related(
             "model__tenant", "registered_by", "registered_by_token", "approval_requested_by",
             "approval_requested_by_token__created_by", "decided_by",
         ),
         pk=pk,
     )
+
+
+def _render_version(
+    request: HttpRequest, version: ModelVersion, form: VersionActionForm | None = None, status: int = 200
+) -> HttpResponse:
     tenant = version.model.tenant
     history = AuditEvent.objects.filter(object_type="rollouts.modelversion", object_id=str(version.pk))
     context = {
@@ -91,40 +104,48 @@ def version_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_request": has_role(request.user, tenant, Membership.Role.DEPLOYER),
         "can_decide": has_role(request.user, tenant, Membership.Role.APPROVER),
         "is_requester": approvals.is_requester(request.user, version),
+        "form": form,
     }
-    return render(request, "rollouts/version_detail.html", context)
+    return render(request, "rollouts/version_detail.html", context, status=status)
 
 
-ACTIONS: dict[str, tuple[Callable[..., ModelVersion], str]] = {
-    "request-approval": (approvals.request_approval, "Approval requested for {v}."),
-    "approve": (approvals.approve, "{v} approved."),
-    "reject": (approvals.reject, "{v} rejected."),
-    "archive": (approvals.archive, "{v} archived."),
-}
+@login_required
+def version_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return _render_version(request, _version(request, pk))
 
 
 @login_required
 @require_POST
 def version_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    version = get_object_or_404(ModelVersion.objects.visible_to(request.user), pk=pk)
-    if action not in ACTIONS:
-        raise PermissionDenied(f"unknown action {action}")
-    fn, done = ACTIONS[action]
-    try:
-        fn(request.user, version, request.POST.get("reason", "").strip())
-    except (DomainError, PermissionDenied) as exc:
-        messages.error(request, getattr(exc, "message", None) or str(exc))
-    else:
-        messages.success(request, done.format(v=f"{version.model.name} v{version.version}"))
+    """Request approval, approve, reject or archive; too low a role is a 403 naming the role."""
+    version = _version(request, pk)
+    if action not in VersionActionForm.ACTIONS:
+        raise Http404(f"no action {action!r} on versions")
+    form = VersionActionForm(request.POST, actor=request.user, version=version, action=action)
+    done = form.save()
+    if done is None:
+        return _render_version(request, _version(request, pk), form, status=form.status_code)
+    messages.success(request, done)
     return redirect("rollouts:version", pk=version.pk)
 
 
 @login_required
 def deployment_list(request: HttpRequest) -> HttpResponse:
-    deployments = Deployment.objects.visible_to(request.user).select_related(
-        "tenant", "model", "cluster"
-    ).prefetch_related("servers")
-    return render(request, "rollouts/deployment_list.html", {"page": paginate(request, deployments), "qs": ""})
+    """Deployments in use; ``?archived=true`` lists the archived ones instead."""
+    archived = request.GET.get("archived", "").lower() in ("true", "1", "yes")
+    visible = Deployment.objects.visible_to(request.user)
+    deployments = (
+        visible.filter(archived_at__isnull=not archived)
+        .select_related("tenant", "model", "cluster")
+        .prefetch_related("servers")
+    )
+    context = {
+        "page": paginate(request, deployments),
+        "qs": querystring_without_page(request),
+        "archived": archived,
+        "archived_count": visible.filter(archived_at__isnull=False).count(),
+    }
+    return render(request, "rollouts/deployment_list.html", context)
 
 
 def _deployment_context(request: HttpRequest, deployment: Deployment) -> dict[str, Any]:
@@ -140,28 +161,81 @@ def _deployment_context(request: HttpRequest, deployment: Deployment) -> dict[st
     }
 
 
-@login_required
-def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    deployment = get_object_or_404(
+def _deployment(request: HttpRequest, pk: int) -> Deployment:
+    return get_object_or_404(
         Deployment.objects.visible_to(request.user).select_related("tenant", "model", "cluster"), pk=pk
     )
+
+
+@login_required
+def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return _render_deployment(request, _deployment(request, pk))
+
+
+def _traffic_context(
+    request: HttpRequest, deployment: Deployment, can_deploy: bool,
+    form: RouteForm | RouteDefaultForm | RouteRemoveForm | None,
+) -> dict[str, Any]:
+    """The Traffic panel: the route in force with the share each variant got in the last
+    minute, the change form (deployers) and the history."""
+    route = Route.objects.filter(pk=deployment.pk).first()
+    split = route.split() if route is not None else []
+    if split:
+        try:
+            measured = samples.summary(deployment.pk, TRAFFIC_WINDOW_S)
+        except redis.RedisError:
+            measured = {}
+        total = sum(m["count"] for m in measured.values())
+        ready = {(load.version_id, load.server_id) for load in routes.ready_loads(deployment)}
+        for row in split:
+            meaning = route.variants.get(row["name"]) or {}
+            count = (measured.get(row["name"]) or {}).get("count", 0)
+            row["requests"] = count
+            row["measured"] = round(100 * count / total, 1) if total else None
+            row["gone"] = (meaning.get("version_id"), meaning.get("server_id")) not in ready
+    refused = form if isinstance(form, RouteDefaultForm | RouteRemoveForm) else None
+    if can_deploy and not isinstance(form, RouteForm) and routes.ready_loads(deployment):
+        form = RouteForm(actor=request.user, deployment=deployment)
+    return {
+        "route_refusal": refused,
+        "route": route,
+        "route_split": split,
+        "route_example": routes.client_example(route) if route is not None else "",
+        "route_revisions": route.revisions.all()[:10] if route is not None else [],
+        "route_form": form if can_deploy and isinstance(form, RouteForm) else None,
+        "has_router": routes.has_router(deployment.cluster),
+        "can_route": can_deploy,
+        "traffic_window_s": TRAFFIC_WINDOW_S,
+    }
+
+
+def _render_deployment(
+    request: HttpRequest, deployment: Deployment, form: DeploymentLoadForm | None = None,
+    status: int = 200, route_form: RouteForm | RouteDefaultForm | RouteRemoveForm | None = None,
+) -> HttpResponse:
     loadable = deployment.model.versions.exclude(
         status__in=[ModelVersion.Status.REJECTED, ModelVersion.Status.ARCHIVED]
     )
     if deployment.production:
         loadable = loadable.filter(status=ModelVersion.Status.APPROVED)
+    can_deploy = has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER) and (
+        not deployment.is_archived
+    )
     context = _deployment_context(request, deployment) | {
         "servers": deployment.servers.all(),
         "aliases": deployment.model.aliases.select_related("version"),
         "loadable": loadable,
-        "can_deploy": has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER),
+        "can_deploy": can_deploy,
+        "can_delete": has_role(request.user, deployment.tenant, Membership.Role.ADMIN)
+        and not deployment.is_archived,
+        "load_form": form,
         "latency_url": reverse("api:deployment-latency", args=[deployment.pk]),
         "placements": Placement.objects.filter(
             server__in=deployment.servers.all(), model_version__model=deployment.model,
             state__in=Placement.HOLDING,
         ).select_related("server", "model_version"),
-    }
-    return render(request, "rollouts/deployment_detail.html", context)
+    } | _traffic_context(request, deployment, can_deploy, route_form)
+    return render(request, "rollouts/deployment_detail.html", context, status=status)
 
 
 @login_required
@@ -181,21 +255,88 @@ def deployment_loads(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def deployment_load_action(request: HttpRequest, pk: int) -> HttpResponse:
-    deployment = get_object_or_404(Deployment.objects.visible_to(request.user), pk=pk)
-    version = get_object_or_404(deployment.model.versions.all(), pk=request.POST.get("version"))
-    action = request.POST.get("action", "load")
-    try:
-        if action == "unload":
-            rows = loads.request_unload(request.user, deployment, version)
-            messages.success(request, f"Unloading v{version.version} from {len(rows)} server(s)."
-                             if rows else f"v{version.version} was not loaded.")
-        else:
-            rows, created = loads.request_load(request.user, deployment, version)
-            messages.success(request, f"Loading v{version.version} onto {len(rows)} server(s)."
-                             if created else f"v{version.version} is already ready.")
-    except (DomainError, PermissionDenied) as exc:
-        messages.error(request, getattr(exc, "message", None) or str(exc))
+    """Load or unload a version; refusals re-render the page with the form's errors."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    form = DeploymentLoadForm(request.POST, actor=request.user, deployment=deployment)
+    done = form.save()
+    if done is None:
+        return _render_deployment(request, deployment, form, status=form.status_code)
+    messages.success(request, done)
     return redirect("rollouts:deployment", pk=deployment.pk)
+
+
+@login_required
+@require_POST
+def deployment_route(request: HttpRequest, pk: int) -> HttpResponse:
+    """Change the traffic split, policy and mirror; refusals re-render the page with the
+    form's errors in place (nginx's own message when it refused the change)."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    form = RouteForm(request.POST, actor=request.user, deployment=deployment)
+    done = form.save()
+    if done is None:
+        return _render_deployment(request, deployment, status=form.status_code, route_form=form)
+    messages.success(request, done)
+    return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+
+
+@login_required
+@require_POST
+def deployment_route_default(request: HttpRequest, pk: int) -> HttpResponse:
+    """Give the deployment its default route: all traffic to the production alias's version
+    when it is ready, else to the newest ready version."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    form = RouteDefaultForm(request.POST, actor=request.user, deployment=deployment)
+    done = form.save()
+    if done is None:
+        return _render_deployment(request, deployment, status=form.status_code, route_form=form)
+    messages.success(request, done)
+    return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+
+
+@login_required
+@require_POST
+def deployment_route_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    """Take the route off the router, so its versions can be unloaded."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    form = RouteRemoveForm(request.POST, actor=request.user, deployment=deployment)
+    done = form.save()
+    if done is None:
+        return _render_deployment(request, deployment, status=form.status_code, route_form=form)
+    messages.success(request, done)
+    return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+
+
+@login_required
+def deployment_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """Confirm, then delete: archived when it has had loads, refused while anything is loaded."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.ADMIN)
+    if deployment.is_archived:
+        messages.info(request, f"Deployment {deployment.name} is already archived.")
+        return redirect("rollouts:deployment", pk=deployment.pk)
+    form = DeploymentDeleteForm(
+        request.POST if request.method == "POST" else None, actor=request.user, deployment=deployment
+    )
+    status = 200
+    if request.method == "POST":
+        done = form.save()
+        if done is not None:
+            messages.success(request, done)
+            if deployment.is_archived:
+                return redirect("rollouts:deployment", pk=deployment.pk)
+            return redirect("rollouts:deployments")
+        status = form.status_code
+    context = {
+        "deployment": deployment,
+        "form": form,
+        "blockers": deployments.blockers(deployment),
+        "load_count": deployment.loads.count(),
+    }
+    return render(request, "rollouts/deployment_delete.html", context, status=status)
 
 
 @login_required

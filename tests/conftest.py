@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.vllm",
     "tests.fixtures.prometheus",
+    "tests.fixtures.route_nginx",
 ]
 
 Role = Membership.Role

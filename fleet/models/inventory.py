@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
@@ -15,6 +19,7 @@ service_url_validator = RegexValidator(
     r"^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?(/\S*)?$",
     "must be an http:// or https:// URL such as http://triton:8000",
 )
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f:.]+$")
 
 
 class Cluster(models.Model):
@@ -24,12 +29,21 @@ class Cluster(models.Model):
     ``static`` clusters are servers reached at fixed endpoints; ``kubernetes`` clusters are
     synced through the Kubernetes API. Clusters are shared infrastructure: every tenant member
     can see them, only platform admins change them.
+
+    Traffic router (``fleet.routers.router_for``): a local cluster's routes are served by the
+    local nginx. A static cluster names its own with ``router_kind`` ``nginx``: the directory
+    of route files Switchyard writes (the router's nginx includes ``<dir>/switchyard.conf``
+    in its ``http`` block), the command that reloads it, and the host name clients use.
     """
 
     class Kind(models.TextChoices):
         LOCAL = "local", "Local"
         STATIC = "static", "Static endpoints"
         KUBERNETES = "kubernetes", "Kubernetes"
+
+    class RouterKind(models.TextChoices):
+        NONE = "none", "No traffic router"
+        NGINX = "nginx", "nginx"
 
     name = models.CharField(max_length=64, unique=True, validators=[slug_validator])
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -40,6 +54,23 @@ class Cluster(models.Model):
         help_text="S3-compatible endpoint for this cluster's artifacts (empty: the default)",
     )
     s3_region = models.CharField(max_length=40, blank=True)
+    router_kind = models.CharField(
+        max_length=16, choices=RouterKind.choices, default=RouterKind.NONE,
+        help_text="The traffic router of a static cluster (local clusters use the local nginx)",
+    )
+    router_conf_dir = models.CharField(
+        max_length=500, blank=True,
+        help_text="Directory of the router's route files, writable by Switchyard; its nginx "
+                  "includes <dir>/switchyard.conf in the http block",
+    )
+    router_reload_command = models.CharField(
+        max_length=500, blank=True,
+        help_text="Command that reloads the router, e.g. ssh router sudo nginx -s reload",
+    )
+    router_public_host = models.CharField(
+        max_length=255, blank=True,
+        help_text="Host name or address clients use in route URLs (the router's host)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
 
@@ -50,6 +81,31 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.router_kind != self.RouterKind.NGINX:
+            return
+        errors: dict[str, str] = {}
+        if self.kind != self.Kind.STATIC:
+            errors["router_kind"] = (
+                "only static clusters name their router (local clusters use the local nginx)"
+            )
+        if not self.router_conf_dir.startswith("/"):
+            errors["router_conf_dir"] = "an absolute directory path is required for an nginx router"
+        try:
+            command = shlex.split(self.router_reload_command)
+        except ValueError as exc:
+            errors["router_reload_command"] = f"cannot be split into words: {exc}"
+        else:
+            if not command:
+                errors["router_reload_command"] = "a reload command is required for an nginx router"
+        host = self.router_public_host
+        if not host:
+            errors["router_public_host"] = "the host clients reach the router at is required"
+        elif not _HOST.match(host):
+            errors["router_public_host"] = f"must be a host name or an IP address, got {host!r}"
+        if errors:
+            raise ValidationError(errors)
 
 class Node(models.Model):
     """A host in a cluster. ``device_class`` is ``cpu`` for CPU-only nodes (the local demo)."""

@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import views
+from rollouts.api import routes, views
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -8,5 +8,6 @@ router.register("versions", views.ModelVersionViewSet, basename="version")
 router.register("aliases", views.AliasViewSet, basename="alias")
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("loads", views.ModelLoadViewSet, basename="load")
+router.register("routes", routes.RouteViewSet, basename="route")
 
 urlpatterns = router.urls

@@ -2,6 +2,7 @@ from .deployments import Deployment
 from .latency import LatencyRollup
 from .loads import ModelLoad, ModelLoadEvent
 from .registry import Alias, Model, ModelVersion
+from .routes import Route, RouteRevision
 
 __all__ = [
     "Alias",
@@ -11,4 +12,6 @@ __all__ = [
     "ModelLoad",
     "ModelLoadEvent",
     "ModelVersion",
+    "Route",
+    "RouteRevision",
 ]

@@ -14,6 +14,8 @@ class LatencyRollup(models.Model):
 
     The scraper keeps full resolution (a point every tick) in Redis for 15 minutes and
     upserts the current minute here on every tick; rows older than 30 days are pruned.
+    ``last_sample_at`` is the time of the newest scrape in the row, so that a minute whose
+    scraping stopped half-way reads as old as its data.
     ``label`` is ``v<N>`` for Triton versions, the served model name for vLLM.
     """
 
@@ -30,6 +32,10 @@ class LatencyRollup(models.Model):
     p99_ms = models.FloatField(null=True, blank=True)
     ttft_p50_ms = models.FloatField(null=True, blank=True)
     itl_p50_ms = models.FloatField(null=True, blank=True)
+    last_sample_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="when the newest scrape rolled into this minute was taken: the data's age",
+    )
 
     objects = scoped_manager("deployment__tenant")
 

