@@ -175,8 +175,14 @@ class JSONParser(parsers.JSONParser):
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
             text = stream.read().decode(encoding)
-        except UnicodeDecodeError as exc:
-            raise ParseError(f"JSON parse error - the body is not {encoding} text") from exc
+        except LookupError:
+            # The Content-Type named a charset that is no text encoding (``bz2_codec``,
+            # ``rot13``) or none at all.
+            raise ParseError(
+                f"JSON parse error - charset {encoding[:40]!r} is not a text encoding"
+            ) from None
+        except (UnicodeError, ValueError) as exc:
+            raise ParseError(f"JSON parse error - the body is not {encoding[:40]} text") from exc
         try:
             return loads(text)
         except InputRefused as exc:

@@ -64,5 +64,9 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         .distinct(),
         "qs": querystring_without_page(request),
     }
-    template = "console/audit_log.html#results" if request.htmx else "console/audit_log.html"
-    return render(request, template, context)
+    if request.htmx:
+        # htmx swaps only 2xx answers: the partial shows the error in place.
+        return render(request, "console/audit_log.html#results", context)
+    # A page whose filter could not be read says so in its status too (the page names the field).
+    return render(request, "console/audit_log.html", context,
+                  status=200 if filterset.is_valid() else 400)

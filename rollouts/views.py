@@ -17,6 +17,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 from console.paging import paginate, querystring_without_page
 from fleet.models import AuditEvent, Membership, Placement, Tenant
 from fleet.tenancy import has_role, require_role
+from fleet.visibility import reported_models
 from rollouts import approvals, deployments, routes, samples
 from rollouts.forms import (
     DeploymentDeleteForm,
@@ -221,8 +222,15 @@ def _render_deployment(
     can_deploy = has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER) and (
         not deployment.is_archived
     )
+    servers = list(deployment.servers.all())
+    seen = reported_models(request.user, servers)
+    for server in servers:
+        # What the server reports of this deployment's model, of what the viewer may see.
+        server.own_reported = [
+            m for m in seen[server.pk].models if m.get("name") == deployment.model.name
+        ]
     context = _deployment_context(request, deployment) | {
-        "servers": deployment.servers.all(),
+        "servers": servers,
         "aliases": deployment.model.aliases.select_related("version"),
         "loadable": loadable,
         "can_deploy": can_deploy,

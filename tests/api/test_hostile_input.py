@@ -15,7 +15,7 @@ import pytest
 import time_machine
 from django.core.exceptions import SuspiciousOperation, ValidationError
 from django.middleware.csrf import _get_failure_view
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 from rest_framework.test import APIClient
 
 from console import parsers
@@ -550,3 +550,57 @@ def test_labels_are_refused_by_the_model_as_by_the_api(dave, model_a, labels):
 
     assert list(refused.value.message_dict) == ["labels"]
     assert assert_refused(response, "labels") == refused.value.message_dict["labels"]
+
+
+# --- charsets -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("charset", ["bz2_codec", "rot13"])
+def test_a_charset_that_is_no_text_encoding_is_a_400(dave, charset):
+    response = client_of(dave).post(
+        "/api/v1/models/", b'{"name": "m"}', content_type=f"application/json; charset={charset}"
+    )
+
+    assert response.status_code == 400
+    assert "is not a text encoding" in response.json()["detail"]
+    assert not Model.objects.exists()
+
+
+def test_a_body_that_is_not_text_in_its_charset_is_a_400(dave):
+    response = client_of(dave).post(
+        "/api/v1/models/", b'{"name": "\xff\xfe"}', content_type="application/json; charset=utf-8"
+    )
+
+    assert response.status_code == 400
+    assert "is not utf-8 text" in response.json()["detail"]
+
+
+# --- the console, through its pages -------------------------------------------------------------
+
+
+def test_a_nul_character_in_a_console_filter_or_form_is_a_400_page_naming_it(alice, tenant_a):
+    client = Client(raise_request_exception=False)
+    client.force_login(alice)
+
+    listed = client.get("/registry/", {"q": f"fraud{NUL}"})
+    posted = client.post("/fleet/tokens/new/", {"tenant": tenant_a.slug, "name": f"ci{NUL}",
+                                                "role": "viewer"})
+
+    for response in (listed, posted):
+        assert response.status_code == 400
+        assert response["Content-Type"].startswith("text/html")
+    assert b"NUL characters are not allowed" in listed.content and b"q" in listed.content
+    assert b"name" in posted.content
+    assert not tenant_a.tokens.exists()
+
+
+@pytest.mark.parametrize("value", ["2026-01-01T00:00:00+20:00", "2026-13-45"])
+def test_the_console_audit_log_names_a_date_it_cannot_read(alice, tenant_a, value):
+    audit.record(alice, "created", tenant_a, tenant=tenant_a)
+    client = Client(raise_request_exception=False)
+    client.force_login(alice)
+
+    page = client.get("/audit/", {"since": value})
+
+    assert page.status_code == 400
+    assert b"since:" in page.content

@@ -65,3 +65,33 @@ def test_each_server_page_names_only_the_callers_models(request, shared, persona
         assert others in html
     else:
         assert "other model" not in html
+
+
+def test_a_deployment_page_shows_only_its_own_tenants_entries_of_a_shared_name(
+    tenant_a, tenant_b, bob, charlie,
+):
+    """Two tenants name a model alike; the server's entry is the one whose tenant placed it."""
+    from fleet.models import Placement
+    from tests.factories import DeploymentFactory, ModelVersionFactory
+
+    theirs = ModelFactory(tenant=tenant_b, name="scorer")
+    ours = ModelFactory(tenant=tenant_a, name="scorer")
+    server = InferenceServerFactory(name="shared-2", reported_models=[
+        {"name": "scorer", "version": "7", "state": "UNAVAILABLE", "reason": PRIVATE},
+    ])
+    Placement.objects.create(
+        tenant=tenant_b, server=server, model_version=ModelVersionFactory(model=theirs, version=7),
+        device_class="cpu", units=1, memory_mib=1, state=Placement.State.ACTIVE,
+    )
+    page_of = {}
+    for user, model in ((bob, ours), (charlie, theirs)):
+        deployment = DeploymentFactory(model=model, cluster=server.cluster)
+        deployment.servers.add(server)
+        client = Client()
+        client.force_login(user)
+        response = client.get(f"/registry/deployments/{deployment.pk}/")
+        assert response.status_code == 200
+        page_of[user.username] = response.content.decode()
+
+    assert "v7 UNAVAILABLE" not in page_of["bob"]
+    assert "v7 UNAVAILABLE" in page_of["charlie"]
