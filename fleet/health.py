@@ -17,7 +17,9 @@ from django.utils import timezone
 
 from fleet.adapters import triton, vllm
 from fleet.adapters.base import ServerProbe
-from fleet.models import InferenceServer
+from fleet.adapters.router import RouterHealth
+from fleet.models import Cluster, InferenceServer
+from fleet.routers import router_for
 
 log = logging.getLogger(__name__)
 
@@ -103,4 +105,68 @@ def check_all(timeout: float | None = None) -> dict[str, int]:
             recorded = record_probe(server.pk, probe)
             if recorded is not None:
                 counts[recorded.health] = counts.get(recorded.health, 0) + 1
+    return counts
+
+
+# --- Traffic routers ----------------------------------------------------------------------------
+
+
+def _router_state(health: RouterHealth) -> str:
+    if health.ok:
+        return Cluster.RouterState.UP
+    # Answered the status call (a count of connections) but some route is not in force.
+    if health.active_connections is not None:
+        return Cluster.RouterState.DEGRADED
+    return Cluster.RouterState.DOWN
+
+
+def record_router(cluster_id: int, health: RouterHealth) -> Cluster | None:
+    """Write one router probe onto its cluster. None if the cluster was deleted meanwhile."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    now = timezone.now()
+    state = _router_state(health)
+    changes: dict[str, object] = {
+        "router_state": state,
+        "router_detail": health.message[:500],
+        "router_routes": len(health.routes),
+        "router_connections": health.active_connections,
+        "router_checked_at": now,
+    }
+    if state != cluster.router_state:
+        changes["router_state_changed_at"] = now
+        log.info("traffic router of cluster %s is now %s: %s", cluster, state, health.message)
+    Cluster.objects.filter(pk=cluster_id).update(**changes)
+    cluster.refresh_from_db()
+    return cluster
+
+
+def check_routers() -> dict[str, int]:
+    """Ask every cluster's traffic router how it is, in parallel; record it on the cluster.
+
+    Returns how many routers ended in each state. A router that cannot be asked (its adapter
+    raised) is recorded down with the reason.
+    """
+    routers = []
+    for cluster in Cluster.objects.exclude(kind=Cluster.Kind.KUBERNETES):
+        router = router_for(cluster)
+        if router is not None:
+            routers.append((cluster, router))
+    counts: dict[str, int] = {}
+    if not routers:
+        return counts
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(routers)),
+                            thread_name_prefix="router-probe") as pool:
+        futures = {pool.submit(router.health): cluster for cluster, router in routers}
+        for future in as_completed(futures):
+            cluster = futures[future]
+            try:
+                health = future.result()
+            except Exception as exc:  # an adapter bug must not stop the other routers
+                log.exception("router probe of cluster %s failed", cluster)
+                health = RouterHealth(ok=False, message=f"probe failed: {exc}")
+            recorded = record_router(cluster.pk, health)
+            if recorded is not None:
+                counts[recorded.router_state] = counts.get(recorded.router_state, 0) + 1
     return counts

@@ -9,8 +9,10 @@ from fleet import health
 
 @shared_task(ignore_result=True)
 def check_servers() -> dict[str, int]:
-    """Probe every inference server once (beat runs this every few seconds)."""
-    return health.check_all()
+    """Probe every inference server and traffic router once (beat runs this every few seconds)."""
+    counts = health.check_all()
+    health.check_routers()
+    return counts
 
 
 @shared_task(ignore_result=True)

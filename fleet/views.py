@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -59,7 +59,11 @@ def servers_partial(request: HttpRequest) -> HttpResponse:
         load = loads.get(server.pk)
         server.load_rps = load["rps"] if load else None
         server.load_age_s = now.timestamp() - load["t"] if load else None
-    return render(request, "fleet/partials/server_table.html", {"servers": servers, "now": now})
+    routers = Cluster.objects.visible_to(request.user).filter(
+        Q(kind=Cluster.Kind.LOCAL) | Q(router_kind=Cluster.RouterKind.NGINX)
+    ).order_by("name")
+    return render(request, "fleet/partials/server_table.html",
+                  {"servers": servers, "routers": routers, "now": now})
 
 
 @login_required

@@ -148,7 +148,10 @@ class RouteForm(DomainForm):
             mirror = routes.MirrorTarget(data["mirror_version"], data["mirror_percent"] or 0)
         route = routes.set_route(
             self.actor, self.deployment, weights, policy=data["policy"],
-            sticky_header=data["sticky_header"].strip(), mirror=mirror,
+            # The header field keeps the sticky header in force; it means nothing to the others.
+            sticky_header=data["sticky_header"].strip() if data["policy"] == Route.Policy.STICKY
+            else "",
+            mirror=mirror,
             reason=data["reason"].strip(),
         )
         split = ", ".join(f"v{n} {w}%" for n, w in route.version_weights.items() if w)

@@ -45,6 +45,12 @@ class Cluster(models.Model):
         NONE = "none", "No traffic router"
         NGINX = "nginx", "nginx"
 
+    class RouterState(models.TextChoices):
+        UNKNOWN = "unknown", "Not checked yet"
+        UP = "up", "Up"
+        DEGRADED = "degraded", "Degraded"
+        DOWN = "down", "Down"
+
     name = models.CharField(max_length=64, unique=True, validators=[slug_validator])
     kind = models.CharField(max_length=16, choices=Kind.choices)
     description = models.CharField(max_length=300, blank=True)
@@ -71,6 +77,20 @@ class Cluster(models.Model):
         max_length=255, blank=True,
         help_text="Host name or address clients use in route URLs (the router's host)",
     )
+    # The traffic router as last probed (fleet.health.check_routers), never typed in.
+    router_state = models.CharField(
+        max_length=16, choices=RouterState.choices, default=RouterState.UNKNOWN,
+        help_text="The traffic router as last probed: up (answers, every route in force), "
+                  "degraded (answers, a route not in force) or down (no answer)",
+    )
+    router_detail = models.CharField(max_length=500, blank=True)
+    router_routes = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="Routes the router holds")
+    router_connections = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Client connections open at the router"
+    )
+    router_checked_at = models.DateTimeField(null=True, blank=True)
+    router_state_changed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
 

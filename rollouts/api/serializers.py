@@ -17,7 +17,15 @@ from fleet.api.serializers import (
 )
 from fleet.models import Cluster, InferenceServer
 from rollouts.api.triton_schema import TritonConfigField
-from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelLoadEvent, ModelVersion
+from rollouts.models import (
+    Alias,
+    Deployment,
+    Model,
+    ModelLoad,
+    ModelLoadEvent,
+    ModelVersion,
+    Route,
+)
 
 
 class VisibleModelField(IdOrNameField):
@@ -164,15 +172,28 @@ class DeploymentSerializer(ValidatedModelSerializer):
         child=serializers.CharField(), required=False,
         help_text="Names of the cluster's inference servers that carry this deployment",
     )
+    route_url = serializers.SerializerMethodField(
+        help_text="The URL clients send the deployment's traffic to (its route through the "
+                  "cluster's traffic router); null while no route is in force",
+    )
 
     class Meta:
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
-            "slo_error_rate", "description", "created_at", "updated_at", "archived_at",
+            "slo_error_rate", "description", "route_url", "created_at", "updated_at",
+            "archived_at",
         ]
         read_only_fields = ["created_at", "updated_at", "archived_at"]
         validators: list[Any] = []
+
+    @extend_schema_field({"type": ["string", "null"], "format": "uri"})
+    def get_route_url(self, deployment: Deployment) -> str | None:
+        route = getattr(deployment, "route", None)
+        # A failed change leaves the route before it serving its URL.
+        if route is None or not route.url or route.state == Route.State.REMOVED:
+            return None
+        return route.url
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         servers = attrs.pop("servers", None)

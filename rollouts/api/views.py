@@ -215,9 +215,9 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
     """Deployments: a model on a cluster, with its SLO. ``model`` and ``cluster`` are ids or
     names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
-    queryset = Deployment.objects.select_related("tenant", "model", "cluster").prefetch_related(
-        "servers"
-    )
+    queryset = Deployment.objects.select_related(
+        "tenant", "model", "cluster", "route"
+    ).prefetch_related("servers")
     serializer_class = s.DeploymentSerializer
     filterset_class = DeploymentRefFilter
 

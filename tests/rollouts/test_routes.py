@@ -441,6 +441,11 @@ def test_the_api_reads_sets_and_patches_a_route(plain, dave, bob):
     assert [(r["number"], r["result"], r["actor"]) for r in revisions] == [
         (2, "applied", "dave"), (1, "applied", "dave")]
     assert revisions[1]["reason"] == "canary v2" and revisions[1]["reloaded"] is True
+    # The deployment names the URL too, and none once the route is removed.
+    deployment_url = f"/api/v1/deployments/{plain.deployment.pk}/"
+    assert api_as(bob).get(deployment_url).json()["route_url"] == body["url"]
+    routes.remove_route(dave, plain.deployment)
+    assert api_as(bob).get(deployment_url).json()["route_url"] is None
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -630,6 +635,12 @@ def test_sticky_keys_keep_their_variant_and_the_console_form_round_trips(two_ver
     # A key keeps its variant while the weights stay as they are.
     for user in ("alice", "bob", "carol", "dan"):
         assert len(split_of(route.url, world.model.name, 8, {"X-User": user})) == 1
+    # Back to weighted as the form comes back filled in: its sticky header field means nothing now.
+    back = client.post(action, {"weight_1": "50", "weight_2": "50", "policy": "weighted",
+                                "sticky_header": "X-User"})
+    assert back.status_code == 302, back.content.decode()
+    route.refresh_from_db()
+    assert (route.policy, route.sticky_header) == ("weighted", "")
     # A viewer sees the panel but not the form, and may not post it.
     client.force_login(viewer)
     seen = client.get(page).content.decode()
