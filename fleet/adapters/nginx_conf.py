@@ -15,6 +15,12 @@ file out. The file is included at nginx's ``http`` level and holds all the route
   requests to the candidate (``mirror``; responses discarded), add ``X-Request-Id`` and
   ``X-Switchyard-Variant`` and write one JSON access-log line per request (and one per
   mirrored copy, with ``"mirror":true``);
+* for a mirror, a relay: an internal server on a unix socket that takes each copy, answers it
+  at once and sends it on to the candidate from a mirror of its own. nginx finishes a request
+  only once its mirror subrequests are done, and reads the next request of a keep-alive
+  connection only then: mirroring straight to a slower candidate would slow the primary's
+  clients and stretch the primary's recorded latency to the candidate's. Through the relay
+  the primary waits for the relay's immediate answer only;
 * an identity location, ``/_switchyard/route``, answering the route's name and the hash of
   its file, so the adapter can see which configuration nginx serves.
 """
@@ -34,6 +40,9 @@ from fleet.adapters.router import KSERVE_V2, LEAST_PENDING, STICKY, RouteSpec, V
 HEADER_PREFIX = "# switchyard-route: "
 IDENTITY_PATH = "/_switchyard/route"
 MIRROR_PATH = "/_switchyard/mirror"
+MIRROR_SEND_PATH = "/_switchyard/send"  # inside the mirror relay: the copy to the candidate
+PATH_HEADER = "X-Switchyard-Path"  # internal: the client's path, to the mirror relay
+MIRROR_RELAY = "mirror"  # the relay's socket, beside the least-pending hops' (numbered)
 VARIANT_HEADER = "X-Switchyard-Variant"
 UPSTREAM_HEADER = "X-Switchyard-Upstream"  # internal: the least-pending hop's real upstream
 SHA_PLACEHOLDER = "@@SHA@@"
@@ -102,9 +111,9 @@ def ident(name: str) -> str:
     return name.replace("-", "_")
 
 
-def socket_path(socket_dir: Path, route: str, index: int) -> Path:
-    """The unix socket of the least-pending hop of variant ``index`` (short: paths are
-    limited to 107 bytes)."""
+def socket_path(socket_dir: Path, route: str, index: int | str) -> Path:
+    """The unix socket of the least-pending hop of variant ``index``, or of the mirror relay
+    (``MIRROR_RELAY``). Short: socket paths are limited to 107 bytes."""
     digest = hashlib.sha256(route.encode()).hexdigest()[:10]
     return socket_dir / f"{digest}-{index}.sock"
 
@@ -234,7 +243,17 @@ def _render_body(
             f'    default "{mirror.prefix}{mirror.model_path()}";',
             "}",
         ]
+    relay = socket_path(socket_dir, route.name, MIRROR_RELAY)
+    if mirror is not None:
+        lines += [
+            f"upstream sy_{rid}__mirror {{",
+            f"    server unix:{relay} max_fails=0;",
+            "    keepalive 16;",
+            "}",
+        ]
     lines += _front_server(route, listen, access_log, mirror)
+    if mirror is not None:
+        lines += _mirror_relay(route, mirror, access_log, relay)
     if route.policy == LEAST_PENDING:
         for index, target in enumerate(targets):
             if target.variant.weight > 0:
@@ -250,7 +269,7 @@ def _log_formats(route: RouteSpec) -> list[str]:
         else "$upstream_addr"
     )
 
-    def fmt(name: str, variant: str, mirror: str, addr: str) -> str:
+    def fmt(name: str, variant: str, mirror: str, addr: str, path: str = "$sy_path") -> str:
         fields = [
             '"time":"$time_iso8601"',
             '"msec":$msec',
@@ -258,7 +277,7 @@ def _log_formats(route: RouteSpec) -> list[str]:
             f'"variant":"{variant}"',
             f'"mirror":{mirror}',
             '"method":"$request_method"',
-            '"path":"$sy_path"',
+            f'"path":"{path}"',
             '"status":$status',
             f'"upstream_addr":"{addr}"',
             '"upstream_status":"$upstream_status"',
@@ -273,7 +292,9 @@ def _log_formats(route: RouteSpec) -> list[str]:
     logged = f"$sy_{rid}_variant" if route.policy == LEAST_PENDING else f"$sy_{rid}_logged"
     lines = [fmt(f"sy_{rid}", logged, "false", upstream_addr)]
     if route.mirror is not None and route.mirror.percent > 0:
-        lines.append(fmt(f"sy_{rid}_mirror", route.mirror.variant, "true", "$upstream_addr"))
+        # Written by the mirror relay, which has the client's path from the front server.
+        path = "$http_" + PATH_HEADER.lower().replace("-", "_")
+        lines.append(fmt(f"sy_{rid}_mirror", route.mirror.variant, "true", "$upstream_addr", path))
     return lines
 
 
@@ -409,32 +430,66 @@ def _front_server(
         "    }",
     ]
     if mirror is not None:
-        lines += _mirror_location(route, mirror, access_log)
+        lines += _mirror_location(route, mirror)
     lines.append("}")
     return lines
 
 
-def _mirror_location(route: RouteSpec, mirror: _Target, access_log: Sequence[str]) -> list[str]:
+def _mirror_location(route: RouteSpec, mirror: _Target) -> list[str]:
+    """The front server's mirror location: hands the copy (when this request is one of the
+    mirrored share) to the relay, which answers at once. Logs nothing: the relay does."""
     rid = ident(route.name)
     assert route.mirror is not None
-    partial = route.mirror.percent < 100
-    uri = f"$sy_{rid}_mirror_uri" if route.protocol == KSERVE_V2 else "$request_uri"
-    condition = f" if=$sy_{rid}_mirror" if partial else ""
+    uri = f"$sy_{rid}_mirror_uri" if route.protocol == KSERVE_V2 else f"{mirror.prefix}$request_uri"
     lines = [f"    location = {MIRROR_PATH} {{", "        internal;"]
-    if partial:
+    if route.mirror.percent < 100:
         lines += [f'        if ($sy_{rid}_mirror = "") {{', "            return 204;", "        }"]
-    lines += ["        log_subrequest on;"]
-    lines += [f"        access_log {sink} sy_{rid}_mirror{condition};" for sink in access_log] or [
-        "        access_log off;"
+    lines += [
+        "        access_log off;",
+        "        proxy_http_version 1.1;",
+        '        proxy_set_header Connection "";',
+        "        proxy_set_header X-Request-Id $sy_request_id;",
+        f"        proxy_set_header {PATH_HEADER} $sy_path;",
+        "        proxy_read_timeout 10s;",
+        f"        proxy_pass http://sy_{rid}__mirror{uri};",
+        "    }",
+    ]
+    return lines
+
+
+def _mirror_relay(route: RouteSpec, mirror: _Target, access_log: Sequence[str],
+                  sock: Path) -> list[str]:
+    """The mirror relay: takes each copy on a unix socket, answers it at once (``empty_gif``
+    answers before the copy reaches the candidate: the relay's own mirror runs beside it) and
+    sends it to the candidate, logging the candidate's answer as the mirrored sample."""
+    rid = ident(route.name)
+    directives = [
+        *_proxy_headers(mirror.server.host_header, _tls(mirror.server)),
+        f'proxy_set_header {PATH_HEADER} "";',
     ]
     if route.protocol != KSERVE_V2:
-        lines.append("        proxy_buffering off;")
-    directives = _proxy_headers(mirror.server.host_header, _tls(mirror.server))
+        directives.append("proxy_buffering off;")
+    lines = [
+        "server {",
+        f"    listen unix:{sock};",
+        "    access_log off;",
+        f"    client_max_body_size {MAX_BODY};",
+        "    location / {",
+        f"        mirror {MIRROR_SEND_PATH};",
+        "        empty_gif;",
+        "    }",
+        f"    location = {MIRROR_SEND_PATH} {{",
+        "        internal;",
+        "        log_subrequest on;",
+    ]
+    lines += [f"        access_log {sink} sy_{rid}_mirror;" for sink in access_log] or [
+        "        access_log off;"
+    ]
     lines += [f"        {d}" for d in directives]
     lines += [
-        f"        proxy_pass {mirror.server.scheme}://{mirror.server.upstream}"
-        f"{'' if route.protocol == KSERVE_V2 else mirror.prefix}{uri};",
+        f"        proxy_pass {mirror.server.scheme}://{mirror.server.upstream}$request_uri;",
         "    }",
+        "}",
     ]
     return lines
 

@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import threading
 import time
 import uuid
@@ -557,6 +558,42 @@ def test_a_mirror_copies_requests_to_the_candidate_and_discards_its_answers(
     records = syslog.wait_for(ids[-1], count=2)
     assert sorted((r["variant"], r["mirror"]) for r in records) == [("v1", False), ("v2", True)]
     assert all(r["status"] == 200 for r in records)
+
+
+def test_a_slower_candidate_mirrored_to_slows_neither_the_primarys_clients_nor_its_samples(
+    router, local_triton, syslog
+):
+    """nginx finishes a request, and reads a keep-alive connection's next one, only once its
+    mirror subrequests are done; the route's mirror relay answers at once, so a primary
+    mirrored to a candidate three times slower serves as fast as without the mirror."""
+
+    def timed(url: str, n: int = 20) -> tuple[float, float, list[str]]:
+        """Median client latency and recorded request_time (ms) of the primary, and the ids."""
+        walls, ids = [], []
+        with httpx.Client(base_url=url, timeout=10) as client:  # one keep-alive connection
+            for _ in range(n):
+                ids.append(uuid.uuid4().hex)
+                began = time.perf_counter()
+                client.post(INFER_PATH, json=INFER, headers={"X-Request-Id": ids[-1]})
+                walls.append((time.perf_counter() - began) * 1000)
+        recorded = [r["request_time"] * 1000 for i in ids for r in syslog.wait_for(i)
+                    if not r["mirror"]]
+        return statistics.median(walls), statistics.median(recorded), ids
+
+    primary = timed(router.apply(fraud_route("fast", local_triton, 100, 0)).url)
+    candidate = timed(router.apply(fraud_route("slow", local_triton, 0, 100)).url)
+    shadowed = timed(router.apply(
+        fraud_route("fast-shadowed", local_triton, 100, 0, mirror=Mirror("v2", 100))).url)
+
+    # v2 answers about three times slower than v1: the margin is half the gap between them.
+    assert candidate[0] > primary[0] + 4, (primary, candidate)
+    assert shadowed[0] < (primary[0] + candidate[0]) / 2, (primary, candidate, shadowed)
+    assert shadowed[1] < (primary[1] + candidate[1]) / 2, (primary, candidate, shadowed)
+    # Every copy still reached the candidate and was recorded as a mirrored sample of it, with
+    # the client's path.
+    copies = [r for i in shadowed[2] for r in syslog.wait_for(i, count=2, timeout=5) if r["mirror"]]
+    assert len(copies) == 20
+    assert {(r["variant"], r["path"], r["status"]) for r in copies} == {("v2", INFER_PATH, 200)}
 
 
 def test_every_request_sends_a_json_sample_to_syslog_with_every_field(router, local_triton, syslog):
