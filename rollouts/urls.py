@@ -14,6 +14,8 @@ urlpatterns = [
     path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
     path("deployments/<int:pk>/delete/", views.deployment_delete, name="deployment-delete"),
     path("deployments/<int:pk>/route/", views.deployment_route, name="deployment-route"),
+    path("deployments/<int:pk>/route/split/", views.deployment_route_split,
+         name="deployment-route-split"),
     path("deployments/<int:pk>/route/default/", views.deployment_route_default,
          name="deployment-route-default"),
     path("deployments/<int:pk>/route/remove/", views.deployment_route_remove,

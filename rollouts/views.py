@@ -173,6 +173,16 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return _render_deployment(request, _deployment(request, pk))
 
 
+@login_required
+def deployment_route_split(request: HttpRequest, pk: int) -> HttpResponse:
+    """The Traffic panel's split table with the share each variant got (htmx, every 2 s)."""
+    deployment = _deployment(request, pk)
+    context = {"deployment": deployment} | _traffic_context(request, deployment, False, None)
+    if not context["route_split"]:
+        return HttpResponse(status=HTMX_STOP_POLLING)
+    return render(request, "rollouts/partials/route_split.html", context)
+
+
 def _traffic_context(
     request: HttpRequest, deployment: Deployment, can_deploy: bool,
     form: RouteForm | RouteDefaultForm | RouteRemoveForm | None,

@@ -225,6 +225,7 @@ PAGES: list[Page] = [
          done=lambda w, p: fresh(w.ready_a).state == ModelLoad.State.UNLOADING),
     # --- traffic routes: the page with its Traffic panel; changes go to the real nginx
     Page("rollouts:deployment", "route_a", "routed"),
+    Page("rollouts:deployment-route-split", "route_a", htmx=True),
     Page("rollouts:deployment-route", "route_a", method="POST", role=Role.DEPLOYER, ok=(302,),
          data=lambda w: w.routed({"weight_1": "100", "policy": "least-pending",
                                   "reason": "fewest in flight"}),

@@ -26,7 +26,7 @@ from fleet.adapters.nginx_conf import IDENTITY_PATH
 from fleet.adapters.nginx_router import NginxRouter
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership
 from fleet.routers import local_router_options, router_for
-from rollouts import loads, routes
+from rollouts import loads, routes, samples
 from rollouts.models import Alias, ModelLoad, ModelVersion, Route, RouteRevision
 from rollouts.tasks import ensure_routes
 from tests.factories import (
@@ -408,6 +408,32 @@ def test_a_change_in_flight_is_a_conflict_for_another(plain, dave):
 
     assert refused.value.field == "route" and "being applied" in refused.value.message
     assert unload.value.field == "version"
+
+
+def test_the_split_table_refreshes_with_what_each_variant_got(plain, dave, settings, client):
+    settings.SWITCHYARD_REDIS_PREFIX = f"test-split-{uuid.uuid4().hex[:8]}"
+    ready(plain.deployment, plain.v1, plain.a)
+    ready(plain.deployment, plain.v2, plain.b)
+    routes.set_route(dave, plain.deployment, {1: 90, 2: 10})
+    partial = reverse("rollouts:deployment-route-split", args=[plain.deployment.pk])
+    client.force_login(dave)
+
+    def sample(variant: str) -> str:
+        return json.dumps({
+            "time": "t", "msec": time.time(), "route": f"dep-{plain.deployment.pk}",
+            "variant": variant, "mirror": False, "method": "POST", "path": "/v2/models/m/infer",
+            "status": 200, "upstream_addr": "a", "upstream_status": "200",
+            "upstream_response_time": "0.004", "request_time": 0.005, "bytes_sent": 10,
+            "request_id": uuid.uuid4().hex,
+        })
+
+    before = client.get(partial, HTTP_HX_REQUEST="true").content.decode()
+    samples.record([sample("v1-triton-a") for _ in range(9)] + [sample("v2-triton-b")])
+    after = client.get(partial, HTTP_HX_REQUEST="true").content.decode()
+
+    assert before.count("no requests") == 2
+    assert 'hx-trigger="every 2s"' in after
+    assert "90.0% (9 requests)" in after and "10.0% (1 request)" in after
 
 
 # --------------------------------------------------------------------------------------------

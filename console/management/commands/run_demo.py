@@ -227,10 +227,16 @@ class Command(BaseCommand):
             page = reverse("rollouts:deployment", args=[deployment.pk])
             self.stdout.write(
                 f"Route of {deployment.tenant.slug}/{deployment.name} ({deployment.model.name}): "
-                f"send traffic to {route.url}; split and live latency on "
+                f"send traffic to {route.url}{_client_path(route.protocol, deployment.model.name)}; "
+                "split and live latency on "
                 f"http://127.0.0.1:{port}{page}"
             )
             self.stdout.flush()
+
+
+def _client_path(protocol: str, model: str) -> str:
+    """The path a client of a route sends its requests to."""
+    return f"/v2/models/{model}/infer" if protocol == "kserve-v2" else "/v1/chat/completions"
 
 
 def _udp_port_free(host: str, port: int) -> bool:
