@@ -9,23 +9,27 @@ versions 1 and 2 made to answer at once (``sleep_ms`` 0, two instances), and a r
 (Debian package) run by ``fleet.runtime.nginx_local``, whose routes the traffic-router
 adapter (``fleet.adapters.nginx_router.NginxRouter``) writes, each access-log line going to
 a UDP syslog socket as in production (and to a file, to check which requests nginx saw).
-No Django and no database: weight changes go through ``NginxRouter.apply``, the call that
-``rollouts.routes.set_route`` makes after its checks and before its bookkeeping.
+Django runs in this process on a temporary SQLite database, for the weight changes made
+through the API; the local cluster's nginx is the bench's.
 
 Three measurements:
 
 * overhead: the same inference sent straight to Triton
   (``/v2/models/fraud-scorer/versions/1/infer``) and through a route sending everything to
   version 1 (``/v2/models/fraud-scorer/infer``, rewritten by nginx), at concurrency 1 and 16,
-  by keep-alive clients; rounds alternate the two targets so drift favours neither. wrk is
-  not used (not installed on the bench machines): the clients are Python threads, each with
-  one ``http.client`` keep-alive connection, timing every request with ``perf_counter``; what
-  the client costs is the same on both sides, so the difference is nginx's.
+  by keep-alive clients; rounds alternate the two targets so drift favours neither. With wrk
+  (Debian's ``wrk``, which ``scripts/test`` installs) each round is a ``--seconds`` run of
+  ``wrk --latency`` and each figure the median of the rounds' own percentiles; without it
+  (or with ``--no-wrk``) the clients are Python threads, each with one ``http.client``
+  keep-alive connection, timing every request with ``perf_counter``. Either way what the
+  client costs is the same on both sides, so the difference is nginx's.
 * weight change: a route flipped between 100/0 and 0/100 ``--changes`` times while a probe
   sends one request after the other, each on a new connection; the change is in force at the
-  first request after which every answer comes from the new variant. Time from calling
-  ``apply`` (which tests the config with ``nginx -t`` twice, swaps it in, reloads and waits
-  for nginx to serve it) to that request.
+  first request after which every answer comes from the new variant. Measured twice: from a
+  ``PUT /api/v1/routes/<id>/`` (Django on a temporary SQLite database, in this process: the
+  API's checks, the database rows and the audit, then the adapter) and from calling the
+  adapter's ``apply`` (which tests the config with ``nginx -t`` twice, swaps it in, reloads
+  and waits for nginx to serve it), each to that request.
 * reloads: 4 clients (2 keep-alive, 2 with a new connection per request) send without pause
   while the route's weights change ``--reloads`` times, one reload every 0.25 s. A request
   that failed is "raw failed"; a keep-alive client's request that met a connection the old
@@ -41,6 +45,7 @@ import contextlib
 import http.client
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -205,9 +210,80 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
+_WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
+def wrk_script(dest: Path) -> Path:
+    """The Lua script that makes wrk send the bench's inference (a POST with its body)."""
+    dest.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = [[{BODY.decode()}]]\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    return dest
+
+
+def run_wrk(url: str, path: str, concurrency: int, seconds: float,
+            script: Path) -> dict[str, float]:
+    """One wrk run (``--latency``): its p50 and p99 (ms), requests per second and count.
+
+    Raises when any request failed (a socket error or a status other than 2xx/3xx)."""
+    threads = min(concurrency, 2)  # two cores: more load threads only compete with nginx
+    done = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{seconds:g}s", "--latency",
+         "--timeout", "10s", "-s", str(script), f"{url}{path}"],
+        capture_output=True, text=True, timeout=seconds + 60, check=False,
+    )
+    out = done.stdout
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stderr.strip() or out}")
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    if failed or errors:
+        raise RuntimeError(f"wrk saw failed requests on {url}{path}:\n{out}")
+    found: dict[str, float] = {}
+    for label, key in (("50%", "p50"), ("99%", "p99")):
+        match = re.search(rf"^\s+{re.escape(label)}\s+([\d.]+)(us|ms|s|m)\s*$", out, re.M)
+        if match is None:
+            raise RuntimeError(f"no {label} latency in wrk's output:\n{out}")
+        found[key] = float(match.group(1)) * _WRK_UNITS[match.group(2)]
+    found["rps"] = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    found["requests"] = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return found
+
+
 # --------------------------------------------------------------------------------------------
 # Measurements
 # --------------------------------------------------------------------------------------------
+
+
+def measure_overhead_wrk(direct: str, routed: str, seconds: float, script: Path) -> dict[str, Any]:
+    """The overhead with wrk: per concurrency, ``ROUNDS`` runs of ``seconds`` on each target,
+    alternating; each figure is the median over the rounds of wrk's own percentiles."""
+    out: dict[str, Any] = {}
+    run_wrk(direct, DIRECT_PATH, 4, 1, script)  # warm-up: connections, Triton's first requests
+    run_wrk(routed, ROUTE_PATH, 4, 1, script)
+    for concurrency in CONCURRENCY:
+        check_stop()
+        runs: dict[str, list[dict[str, float]]] = {"direct": [], "route": []}
+        for round_ in range(ROUNDS):
+            order = [("direct", direct, DIRECT_PATH), ("route", routed, ROUTE_PATH)]
+            for name, url, path in order if round_ % 2 == 0 else order[::-1]:
+                runs[name].append(run_wrk(url, path, concurrency, seconds, script))
+        for name, found in runs.items():
+            for stat in ("p50", "p99"):
+                out[f"{name}_{stat}_ms_c{concurrency}"] = statistics.median(r[stat] for r in found)
+            out[f"{name}_rps_c{concurrency}"] = statistics.median(r["rps"] for r in found)
+            out[f"{name}_requests_c{concurrency}"] = int(sum(r["requests"] for r in found))
+        out[f"requests_c{concurrency}"] = min(out[f"direct_requests_c{concurrency}"],
+                                              out[f"route_requests_c{concurrency}"])
+        for stat in ("p50", "p99"):
+            out[f"overhead_{stat}_ms_c{concurrency}"] = (
+                out[f"route_{stat}_ms_c{concurrency}"] - out[f"direct_{stat}_ms_c{concurrency}"]
+            )
+        say(f"  concurrency {concurrency}: p50 {out[f'direct_p50_ms_c{concurrency}']:.3f} ms "
+            f"direct, {out[f'route_p50_ms_c{concurrency}']:.3f} ms through the route (wrk)")
+    return out
 
 
 def measure_overhead(direct: str, routed: str, requests: int) -> dict[str, Any]:
@@ -267,21 +343,24 @@ class Probe:
         self.thread.join(10)
 
 
-def measure_weight_changes(router: Any, spec: Callable[[int, int], Any], changes: int,
-                           url: str) -> dict[str, list[float]]:
+def measure_weight_changes(change: Callable[[int, int], bool], changes: int, url: str,
+                           names: tuple[str, str] = ("v1", "v2")) -> dict[str, list[float]]:
+    """Flip the route between 100/0 and 0/100 ``changes`` times with ``change(w1, w2)``
+    (which returns whether nginx reloaded), timing each flip to the new split in force."""
     probe = Probe(url)
     in_force, applied = [], []
     try:
-        current = "v1"
+        first, second = names
+        current = first
         for _ in range(changes):
             check_stop()
-            target = "v2" if current == "v1" else "v1"
-            weights = (0, 100) if target == "v2" else (100, 0)
+            target = second if current == first else first
+            weights = (0, 100) if target == second else (100, 0)
             began = time.perf_counter()
-            result = router.apply(spec(*weights))
+            reloaded = change(*weights)
             applied.append(time.perf_counter() - began)
-            if not result.reloaded:
-                raise RuntimeError(f"the change to {target} reloaded nothing: {result}")
+            if not reloaded:
+                raise RuntimeError(f"the change to {target} reloaded nothing")
             deadline = time.monotonic() + CHANGE_TIMEOUT_S
             while True:  # 20 answers in a row from the new variant after apply returned
                 after = [v for t, v in list(probe.seen) if t >= began + applied[-1]]
@@ -397,11 +476,49 @@ def nginx_version(binary: str) -> str:
     return (done.stderr or done.stdout).strip().removeprefix("nginx version: nginx/")
 
 
+def api_world(triton_url: str) -> tuple[Any, int]:
+    """A deployer's API client and a deployment of fraud-scorer on the local cluster, with
+    versions 1 and 2 ready on the bench's Triton (rows only: the bench loaded them itself)."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from fleet.models import Cluster, InferenceServer, Membership, Tenant
+    from rollouts.models import Deployment, Model, ModelLoad, ModelVersion
+
+    tenant = Tenant.objects.create(slug="bench", name="Bench")
+    user = get_user_model().objects.create_user("bench-deployer")
+    Membership.objects.create(user=user, tenant=tenant, role=Membership.Role.DEPLOYER)
+    cluster = Cluster.objects.create(name="local", kind=Cluster.Kind.LOCAL)
+    server = InferenceServer.objects.create(
+        cluster=cluster, name="triton", runtime=InferenceServer.Runtime.TRITON, http_url=triton_url
+    )
+    model = Model.objects.create(tenant=tenant, name=MODEL)
+    deployment = Deployment.objects.create(tenant=tenant, model=model, cluster=cluster,
+                                           name="bench")
+    deployment.servers.add(server)
+    for number in (1, 2):
+        version = ModelVersion.objects.create(
+            model=model, version=number, artifact_uri=f"s3://bench/{MODEL}/{number}.tar.gz",
+            sha256=f"{number}" * 64, size_bytes=1, runtime=ModelVersion.Runtime.TRITON,
+            backend="python",
+        )
+        ModelLoad.objects.create(tenant=tenant, deployment=deployment, server=server,
+                                 version=version, state=ModelLoad.State.READY,
+                                 requested_by_label="bench")
+    client = APIClient(SERVER_NAME="127.0.0.1")  # a host the settings allow
+    client.force_authenticate(user)
+    return client, deployment.pk
+
+
 def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    from loads import prepare_environment, setup_django
+
+    # Django on a temporary SQLite database and data dir: weight changes go through the API.
+    data_dir = prepare_environment(tmp)
     from fleet.adapters.nginx_router import NginxRouter, syslog_target
     from fleet.adapters.router import RouteSpec, Variant
     from fleet.runtime.nginx_local import start_nginx
-    from fleet.runtime.processes import free_ports
+    from fleet.runtime.processes import free_port, free_ports
     from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton
 
     say("starting tritonserver (fraud-scorer v1 and v2, answering at once) and nginx…")
@@ -412,10 +529,19 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
                               log_path=tmp / "tritonserver.log")
         stack.callback(triton.stop)
     with deferred_signals():
-        nginx = start_nginx(tmp / "nginx", worker_processes=2)
+        # Where the settings put the local cluster's nginx: the API's routes land on it too.
+        nginx = start_nginx(data_dir / "local" / "nginx", worker_processes=2)
         stack.callback(nginx.stop)
     sink = UdpSink()
     stack.callback(sink.close)
+    first = free_port("127.0.0.1")
+    os.environ.update({
+        "SWITCHYARD_LOCAL_NGINX_STATUS_PORT": str(nginx.port),
+        "SWITCHYARD_ROUTE_PORTS": f"{first}-{min(first + 49, 65535)}",
+        "SWITCHYARD_COLLECTOR_HOST": "127.0.0.1",
+        "SWITCHYARD_COLLECTOR_PORT": str(sink.port),
+    })
+    setup_django()
     access_file = tmp / "access.log"
     router = NginxRouter(
         **nginx.router_options(),  # type: ignore[arg-type]
@@ -431,21 +557,46 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
             ))
         return make
 
+    wrk = shutil.which("wrk") is not None and not args.no_wrk
     result: dict[str, Any] = {
         "nginx_version": nginx_version(nginx.nginx),
         "triton_version": server_version(triton.http_url),
-        "load_tool": "python http.client threads (wrk not installed)"
-        if shutil.which("wrk") is None else "python http.client threads",
+        "load_tool": f"wrk, {args.seconds:g} s a run" if wrk
+        else "python http.client threads" + ("" if args.no_wrk else " (wrk not installed)"),
     }
     overhead_url = router.apply(spec("overhead")(100, 0)).url
-    say(f"overhead: {args.requests} requests per target and concurrency, in {ROUNDS} rounds…")
-    result |= measure_overhead(triton.http_url, overhead_url, args.requests)
+    if wrk:
+        say(f"overhead: wrk, {ROUNDS} rounds of {args.seconds:g} s per target and concurrency…")
+        result |= measure_overhead_wrk(triton.http_url, overhead_url, args.seconds,
+                                       wrk_script(tmp / "post.lua"))
+    else:
+        say(f"overhead: {args.requests} requests per target and concurrency, in {ROUNDS} rounds…")
+        result |= measure_overhead(triton.http_url, overhead_url, args.requests)
 
+    client, deployment_id = api_world(triton.http_url)
+    api_url = f"/api/v1/routes/{deployment_id}/"
+
+    def through_api(w1: int, w2: int) -> bool:
+        response = client.put(api_url, {"weights": {"1": w1, "2": w2}, "reason": "bench"},
+                              format="json")
+        if response.status_code != 200:
+            raise RuntimeError(f"PUT {api_url}: {response.status_code} {response.content[:300]!r}")
+        revision = client.get(f"{api_url}revisions/").json()["results"][0]
+        return bool(revision["reloaded"])
+
+    through_api(100, 0)
+    route_url = client.get(api_url).json()["url"]
+    say(f"weight changes through the API: {args.changes} flips between 100/0 and 0/100…")
+    changes = measure_weight_changes(through_api, args.changes, route_url,
+                                     names=("v1-triton", "v2-triton"))
     switch = spec("switch")
     switch_url = router.apply(switch(100, 0)).url
-    say(f"weight changes: {args.changes} flips between 100/0 and 0/100…")
-    changes = measure_weight_changes(router, switch, args.changes, switch_url)
-    for key, values in (("weight_change_s", changes["in_force"]), ("apply_s", changes["applied"])):
+    say(f"weight changes through the adapter: {args.changes} flips…")
+    direct = measure_weight_changes(lambda w1, w2: router.apply(switch(w1, w2)).reloaded,
+                                    args.changes, switch_url)
+    for key, values in (("weight_change_s", changes["in_force"]), ("apply_s", changes["applied"]),
+                        ("adapter_weight_change_s", direct["in_force"]),
+                        ("adapter_apply_s", direct["applied"])):
         result[f"{key}_median"] = statistics.median(values)
         result[f"{key}_max"] = max(values)
         result[f"{key}_min"] = min(values)
@@ -473,13 +624,13 @@ def print_table(r: dict[str, Any]) -> None:
         f"Traffic router: nginx {r['nginx_version']} in front of Triton {r['triton_version']} "
         f"(fraud-scorer answering at once; load: {r['load_tool']})",
         "",
-        f"{'overhead (ms)':22}{'p50 direct':>12}{'p50 route':>11}{'+p50':>8}"
+        f"{'overhead (ms)':28}{'p50 direct':>12}{'p50 route':>11}{'+p50':>8}"
         f"{'p99 direct':>12}{'p99 route':>11}{'+p99':>8}{'req/s direct':>14}{'req/s route':>13}",
     ]
     for c in CONCURRENCY:
         label = f"concurrency {c} ({r[f'requests_c{c}']} req)"
         out.append(
-            f"{label:22}"
+            f"{label:28}"
             f"{r[f'direct_p50_ms_c{c}']:12.3f}{r[f'route_p50_ms_c{c}']:11.3f}"
             f"{r[f'overhead_p50_ms_c{c}']:+8.3f}"
             f"{r[f'direct_p99_ms_c{c}']:12.3f}{r[f'route_p99_ms_c{c}']:11.3f}"
@@ -487,13 +638,14 @@ def print_table(r: dict[str, Any]) -> None:
             f"{r[f'direct_rps_c{c}']:14.0f}{r[f'route_rps_c{c}']:13.0f}"
         )
     label = f"weight change ({r['weight_changes']} flips, s)"
+    rows = (("  API PUT -> new split in force", "weight_change_s"),
+            ("  API PUT answered", "apply_s"),
+            ("  adapter apply() -> new split in force", "adapter_weight_change_s"),
+            ("  adapter apply() returned", "adapter_apply_s"))
+    out += ["", f"{label:42}{'median':>9}{'max':>9}{'min':>9}"]
+    out += [f"{text:42}{r[f'{key}_median']:9.3f}{r[f'{key}_max']:9.3f}{r[f'{key}_min']:9.3f}"
+            for text, key in rows]
     out += [
-        "",
-        f"{label:42}{'median':>9}{'max':>9}{'min':>9}",
-        f"{'  change -> new split in force':42}{r['weight_change_s_median']:9.3f}"
-        f"{r['weight_change_s_max']:9.3f}{r['weight_change_s_min']:9.3f}",
-        f"{'  apply() returned (tested, reloaded, seen)':42}{r['apply_s_median']:9.3f}"
-        f"{r['apply_s_max']:9.3f}{r['apply_s_min']:9.3f}",
         "",
         f"reloads under steady load: {r['reloads']} reloads in {r['reload_seconds']:.1f} s, "
         f"{r['requests_during_reloads']} requests from 4 clients",
@@ -516,10 +668,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="requests per target and concurrency (default 4000)")
     parser.add_argument("--changes", type=int, default=10, help="weight changes (default 10)")
     parser.add_argument("--reloads", type=int, default=20, help="reloads under load (default 20)")
+    parser.add_argument("--seconds", type=float, default=5.0,
+                        help="length of each wrk run (default 5)")
+    parser.add_argument("--no-wrk", action="store_true",
+                        help="measure the overhead with Python clients even where wrk is installed")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
-    if args.requests < 16 or args.changes < 1 or args.reloads < 1:
-        parser.error("--requests must be at least 16, --changes and --reloads at least 1")
+    if args.requests < 16 or args.changes < 1 or args.reloads < 1 or args.seconds < 1:
+        parser.error("--requests must be at least 16, --changes and --reloads at least 1, "
+                     "--seconds at least 1")
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
 
