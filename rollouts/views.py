@@ -200,8 +200,12 @@ def _traffic_context(
         ready = {(load.version_id, load.server_id) for load in routes.ready_loads(deployment)}
         for row in split:
             meaning = route.variants.get(row["name"]) or {}
-            count = (measured.get(row["name"]) or {}).get("count", 0)
+            figures = measured.get(row["name"]) or {}
+            count = figures.get("count", 0)
             row["requests"] = count
+            row["figures"] = figures if count else None
+            copies = figures.get("mirror") or {}
+            row["copies"] = copies if copies.get("count") else None
             row["measured"] = round(100 * count / total, 1) if total else None
             row["gone"] = (meaning.get("version_id"), meaning.get("server_id")) not in ready
     refused = form if isinstance(form, RouteDefaultForm | RouteRemoveForm) else None

@@ -434,6 +434,8 @@ def test_the_split_table_refreshes_with_what_each_variant_got(plain, dave, setti
     assert before.count("no requests") == 2
     assert 'hx-trigger="every 2s"' in after
     assert "90.0% (9 requests)" in after and "10.0% (1 request)" in after
+    assert after.count('<td class="num" data-p50>5.0 ms</td>') == 2
+    assert after.count('<td class="num" data-errors>0.00 %</td>') == 2
 
 
 # --------------------------------------------------------------------------------------------
