@@ -286,6 +286,17 @@ def judge(
     return Judgement(verdict, reasons, n, m, information, level, spent, latency, errors)
 
 
+def judge_samples(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeConfig, *,
+                  spent_before: float = 0.0) -> Judgement:
+    """:func:`judge` over per-request samples (``rollouts.samples.Sample``: ``latency_ms``
+    and ``is_error``) of the canary and the baseline, taken over the same window."""
+    return judge(
+        [s.latency_ms for s in canary], sum(1 for s in canary if s.is_error),
+        [s.latency_ms for s in baseline], sum(1 for s in baseline if s.is_error),
+        config, spent_before=spent_before,
+    )
+
+
 @dataclass(frozen=True)
 class VariantDifference:
     """An A/B comparison of one variant against the reference variant."""

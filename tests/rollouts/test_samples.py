@@ -606,3 +606,28 @@ def test_nginx_killed_under_local_cluster_nginx_is_started_again_and_serves_the_
     assert code == 0, log.read_text()
     assert not alive(state["pid"])
     assert read_state(prefix)["state"] == "stopped"
+
+
+def test_the_judge_fails_the_slower_version_on_real_route_samples_of_one_window(
+    router, local_triton
+):
+    """Real requests split 50/50 between fraud-scorer v1 (~4 ms) and v2 (~12 ms) through the
+    real nginx; the collector's samples of one window feed the canary judge: v2 as a canary
+    against v1 fails on latency with the shift measured, and v1 against v2 does not fail."""
+    from rollouts.analysis import FAIL, JudgeConfig, judge_samples
+
+    dep = new_deployment_id()
+    url = router.apply(route(dep, local_triton, 50, 50)).url
+    send(url, 240)
+    found = wait_for_samples(dep, 240)
+    config = JudgeConfig(planned_samples=100, min_samples=50)
+
+    slower = judge_samples(found["v2-triton"], found["v1-triton"], config)
+    faster = judge_samples(found["v1-triton"], found["v2-triton"], config)
+
+    assert min(len(found["v1-triton"]), len(found["v2-triton"])) >= 50
+    assert slower.verdict == FAIL, slower.reasons
+    assert slower.latency.shift_pct.low > 50  # v2 takes about three times as long
+    assert slower.latency.canary_p50_ms > slower.latency.baseline_p50_ms
+    assert faster.verdict != FAIL, faster.reasons
+    assert faster.latency.shift_ms.high < 0
