@@ -7,9 +7,11 @@ come back.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
 
 from django.conf import settings
 from django.db.models import F
@@ -85,27 +87,47 @@ def check_server(server_id: int, timeout: float | None = None) -> InferenceServe
     return record_probe(server.pk, _probe(server, timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S))
 
 
+def _probe_all(
+    targets: list[tuple[Any, Callable[[], Any]]],
+    failed: Callable[[Exception], Any],
+    record: Callable[[Any, Any], str | None],
+) -> dict[str, int]:
+    """Run each target's probe in a thread pool and record results as they come back; an
+    adapter bug is recorded through ``failed`` and never stops the others. Counts the states
+    ``record`` returns."""
+    counts: dict[str, int] = {}
+    if not targets:
+        return counts
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(targets)),
+                            thread_name_prefix="probe") as pool:
+        futures = {pool.submit(probe): target for target, probe in targets}
+        for future in as_completed(futures):
+            target = futures[future]
+            try:
+                result = future.result()
+            except Exception as exc:
+                log.exception("probe of %s failed", target)
+                result = failed(exc)
+            state = record(target, result)
+            if state is not None:
+                counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
 def check_all(timeout: float | None = None) -> dict[str, int]:
     """Probe every server in parallel; return how many ended in each health state."""
     timeout = timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S
-    servers = list(InferenceServer.objects.all())
-    counts: dict[str, int] = {}
-    if not servers:
-        return counts
-    workers = min(MAX_PARALLEL_PROBES, len(servers))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe") as pool:
-        futures = {pool.submit(_probe, server, timeout): server for server in servers}
-        for future in as_completed(futures):
-            server = futures[future]
-            try:
-                probe = future.result()
-            except Exception as exc:  # an adapter bug must not stop the other servers
-                log.exception("probe of %s failed", server)
-                probe = ServerProbe(False, False, "", [], f"probe failed: {exc}", 0.0)
-            recorded = record_probe(server.pk, probe)
-            if recorded is not None:
-                counts[recorded.health] = counts.get(recorded.health, 0) + 1
-    return counts
+
+    def record(server: InferenceServer, probe: ServerProbe) -> str | None:
+        recorded = record_probe(server.pk, probe)
+        return recorded.health if recorded is not None else None
+
+    return _probe_all(
+        [(server, functools.partial(_probe, server, timeout))
+         for server in InferenceServer.objects.all()],
+        lambda exc: ServerProbe(False, False, "", [], f"probe failed: {exc}", 0.0),
+        record,
+    )
 
 
 # --- Traffic routers ----------------------------------------------------------------------------
@@ -148,25 +170,16 @@ def check_routers() -> dict[str, int]:
     Returns how many routers ended in each state. A router that cannot be asked (its adapter
     raised) is recorded down with the reason.
     """
-    routers = []
+    targets = []
     for cluster in Cluster.objects.exclude(kind=Cluster.Kind.KUBERNETES):
         router = router_for(cluster)
         if router is not None:
-            routers.append((cluster, router))
-    counts: dict[str, int] = {}
-    if not routers:
-        return counts
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(routers)),
-                            thread_name_prefix="router-probe") as pool:
-        futures = {pool.submit(router.health): cluster for cluster, router in routers}
-        for future in as_completed(futures):
-            cluster = futures[future]
-            try:
-                health = future.result()
-            except Exception as exc:  # an adapter bug must not stop the other routers
-                log.exception("router probe of cluster %s failed", cluster)
-                health = RouterHealth(ok=False, message=f"probe failed: {exc}")
-            recorded = record_router(cluster.pk, health)
-            if recorded is not None:
-                counts[recorded.router_state] = counts.get(recorded.router_state, 0) + 1
-    return counts
+            targets.append((cluster, router.health))
+
+    def record(cluster: Cluster, health: RouterHealth) -> str | None:
+        recorded = record_router(cluster.pk, health)
+        return recorded.router_state if recorded is not None else None
+
+    return _probe_all(
+        targets, lambda exc: RouterHealth(ok=False, message=f"probe failed: {exc}"), record
+    )

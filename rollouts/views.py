@@ -288,19 +288,26 @@ def deployment_load_action(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("rollouts:deployment", pk=deployment.pk)
 
 
-@login_required
-@require_POST
-def deployment_route(request: HttpRequest, pk: int) -> HttpResponse:
-    """Change the traffic split, policy and mirror; refusals re-render the page with the
-    form's errors in place (nginx's own message when it refused the change)."""
+def _route_action(
+    request: HttpRequest, pk: int, form_class: type[RouteForm | RouteDefaultForm | RouteRemoveForm]
+) -> HttpResponse:
+    """A deployer's change of the route through ``form_class``: back to the Traffic panel, or
+    the page again with the refusal in place (nginx's own message when it refused)."""
     deployment = _deployment(request, pk)
     require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
-    form = RouteForm(request.POST, actor=request.user, deployment=deployment)
+    form = form_class(request.POST, actor=request.user, deployment=deployment)
     done = form.save()
     if done is None:
         return _render_deployment(request, deployment, status=form.status_code, route_form=form)
     messages.success(request, done)
     return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+
+
+@login_required
+@require_POST
+def deployment_route(request: HttpRequest, pk: int) -> HttpResponse:
+    """Change the traffic split, policy and mirror."""
+    return _route_action(request, pk, RouteForm)
 
 
 @login_required
@@ -308,28 +315,14 @@ def deployment_route(request: HttpRequest, pk: int) -> HttpResponse:
 def deployment_route_default(request: HttpRequest, pk: int) -> HttpResponse:
     """Give the deployment its default route: all traffic to the production alias's version
     when it is ready, else to the newest ready version."""
-    deployment = _deployment(request, pk)
-    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
-    form = RouteDefaultForm(request.POST, actor=request.user, deployment=deployment)
-    done = form.save()
-    if done is None:
-        return _render_deployment(request, deployment, status=form.status_code, route_form=form)
-    messages.success(request, done)
-    return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+    return _route_action(request, pk, RouteDefaultForm)
 
 
 @login_required
 @require_POST
 def deployment_route_remove(request: HttpRequest, pk: int) -> HttpResponse:
     """Take the route off the router, so its versions can be unloaded."""
-    deployment = _deployment(request, pk)
-    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
-    form = RouteRemoveForm(request.POST, actor=request.user, deployment=deployment)
-    done = form.save()
-    if done is None:
-        return _render_deployment(request, deployment, status=form.status_code, route_form=form)
-    messages.success(request, done)
-    return redirect(reverse("rollouts:deployment", args=[deployment.pk]) + "#traffic")
+    return _route_action(request, pk, RouteRemoveForm)
 
 
 @login_required
