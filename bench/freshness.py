@@ -34,12 +34,10 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -54,6 +52,7 @@ from loads import (
     check_stop,
     on_signal,
     prepare_environment,
+    run_bench,
     say,
     summary,
 )
@@ -604,34 +603,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples < 1:
         parser.error("--samples must be at least 1")
 
-    for sig in SIGNALS:
-        signal.signal(sig, on_signal)
-    tmp = Path(tempfile.mkdtemp(prefix="switchyard-freshness-"))
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-            try:
-                data_dir = prepare_environment(tmp)
-                say(f"starting redis-server, a temporary database in {tmp}…")
-                redis_url = start_redis(tmp, stack)
-                setup_django(redis_url)
-                from django.db import connections
 
-                stack.callback(connections.close_all)
-                result = bench(args.samples, tmp, data_dir, stack)
-                check_stop()
-            finally:
-                # Cleanup (servers, temp dir) must not be cut short by a second Ctrl-C.
-                for sig in SIGNALS:
-                    signal.signal(sig, signal.SIG_IGN)
-    except KeyboardInterrupt:
-        say("interrupted; everything stopped")
-        return 130
-    if args.json:
-        print(json.dumps(result, sort_keys=True))  # noqa: T201
-    else:
-        print_table(result)
-    return 0
+    def body(tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+        data_dir = prepare_environment(tmp)
+        say(f"starting redis-server, a temporary database in {tmp}…")
+        redis_url = start_redis(tmp, stack)
+        setup_django(redis_url)
+        from django.db import connections
+
+        stack.callback(connections.close_all)
+        return bench(args.samples, tmp, data_dir, stack)
+
+    return run_bench("switchyard-freshness-", body, args.json, print_table)
 
 
 if __name__ == "__main__":

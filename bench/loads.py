@@ -573,28 +573,19 @@ def print_table(result: dict[str, Any]) -> None:
     print("\n".join(out))  # noqa: T201
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="measured runs (default 5)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object only")
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-
+def run_bench(prefix: str, body: Callable[[Path, contextlib.ExitStack], dict[str, Any]],
+              as_json: bool, print_table: Callable[[dict[str, Any]], None]) -> int:
+    """Run ``body(tmp, stack)`` in a temporary folder that is removed afterwards, with every
+    server it registers on ``stack`` stopped at the end, on Ctrl-C, SIGTERM or an error; print
+    its result as JSON or as a table. Returns the exit code."""
     for sig in SIGNALS:
         signal.signal(sig, on_signal)
-    tmp = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         with contextlib.ExitStack() as stack:
             stack.callback(shutil.rmtree, tmp, ignore_errors=True)
             try:
-                data_dir = prepare_environment(tmp)
-                say(f"setting up a temporary database in {tmp}…")
-                setup_django()
-                from django.db import connections
-
-                stack.callback(connections.close_all)
-                result = bench(args.runs, tmp, data_dir, stack)
+                result = body(tmp, stack)
                 check_stop()
             finally:
                 # Cleanup (servers, temp dir) must not be cut short by a second Ctrl-C.
@@ -603,11 +594,32 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted; everything stopped")
         return 130
-    if args.json:
+    if as_json:
         print(json.dumps(result, sort_keys=True))  # noqa: T201
     else:
         print_table(result)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="measured runs (default 5)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+
+
+    def body(tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+        data_dir = prepare_environment(tmp)
+        say(f"setting up a temporary database in {tmp}…")
+        setup_django()
+        from django.db import connections
+
+        stack.callback(connections.close_all)
+        return bench(args.runs, tmp, data_dir, stack)
+
+    return run_bench("switchyard-bench-", body, args.json, print_table)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,10 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -63,7 +61,7 @@ from typing import Any
 
 # bench/ is this script's folder, first on sys.path: the other benches' helpers are shared.
 from freshness import deferred_signals
-from loads import REPO_ROOT, SIGNALS, check_stop, on_signal, runtime_cache, say
+from loads import REPO_ROOT, check_stop, run_bench, runtime_cache, say
 
 MODEL = "fraud-scorer"
 DIRECT_PATH = f"/v2/models/{MODEL}/versions/1/infer"
@@ -680,27 +678,8 @@ def main(argv: list[str] | None = None) -> int:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
 
-    for sig in SIGNALS:
-        signal.signal(sig, on_signal)
-    tmp = Path(tempfile.mkdtemp(prefix="switchyard-router-"))
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-            try:
-                result = bench(args, tmp, stack)
-                check_stop()
-            finally:
-                # Cleanup (servers, temp dir) must not be cut short by a second Ctrl-C.
-                for sig in SIGNALS:
-                    signal.signal(sig, signal.SIG_IGN)
-    except KeyboardInterrupt:
-        say("interrupted; everything stopped")
-        return 130
-    if args.json:
-        print(json.dumps(result, sort_keys=True))  # noqa: T201
-    else:
-        print_table(result)
-    return 0
+    return run_bench("switchyard-router-", lambda tmp, stack: bench(args, tmp, stack), args.json,
+                     print_table)
 
 
 if __name__ == "__main__":
