@@ -90,8 +90,19 @@ def seed(password: str, s3_endpoint: str | None = None) -> None:
         _seed(password, store)
 
 
+def demo_version(deployment: Deployment) -> ModelVersion | None:
+    """The version a demo deployment serves: the one ``@production`` names when it is
+    approved, else the newest approved one (None when none is)."""
+    approved = deployment.model.versions.filter(status=Status.APPROVED)
+    alias = Alias.objects.filter(model=deployment.model, name="production",
+                                 version__in=approved).select_related("version").first()
+    return alias.version if alias is not None else approved.order_by("-version").first()
+
+
 def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
-    """Load every approved demo version onto its deployment, as its tenant's deployer would.
+    """Load each demo deployment's version (:func:`demo_version`) onto it, as its tenant's
+    deployer would. One a deployment: loads of one model on a server go one at a time, and a
+    version approved in an earlier run waits for a person to load it again.
 
     The local servers start empty, so loads remembered from an earlier run are released first.
     """
@@ -109,7 +120,8 @@ def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
             continue
         members = Membership.objects.filter(tenant=deployment.tenant)
         deployer = members.filter(role=Role.DEPLOYER).first() or members.filter(role=Role.ADMIN).first()
-        for version in deployment.model.versions.filter(status=Status.APPROVED):
+        version = demo_version(deployment)
+        if version is not None:
             rows, _ = loads.request_load(deployer.user, deployment, version)
             started.extend(rows)
     return started
