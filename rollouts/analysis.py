@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -126,7 +126,6 @@ class Judgement:
     spent: float  # the false-alarm probability spent up to and including this look
     latency: LatencyComparison | None = None
     errors: ErrorComparison | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -177,10 +177,40 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def deployment_route_split(request: HttpRequest, pk: int) -> HttpResponse:
     """The Traffic panel's split table with the share each variant got (htmx, every 2 s)."""
     deployment = _deployment(request, pk)
-    context = {"deployment": deployment} | _traffic_context(request, deployment, False, None)
-    if not context["route_split"]:
+    route = Route.objects.filter(pk=deployment.pk).first()
+    split = _measured_split(deployment, route)
+    if not split:
         return HttpResponse(status=HTMX_STOP_POLLING)
-    return render(request, "rollouts/partials/route_split.html", context)
+    return render(request, "rollouts/partials/route_split.html", {
+        "deployment": deployment, "route": route, "route_split": split,
+        "traffic_window_s": TRAFFIC_WINDOW_S,
+    })
+
+
+def _measured_split(deployment: Deployment, route: Route | None) -> list[dict[str, Any]]:
+    """The split in force, each variant with what it got in the last TRAFFIC_WINDOW_S: its
+    share of the requests, its figures and its mirrored copies' (no figures while Redis is
+    away), and whether its version is still ready on its server."""
+    split = route.split() if route is not None else []
+    if not split:
+        return split
+    try:
+        measured = samples.summary(deployment.pk, TRAFFIC_WINDOW_S)
+    except redis.RedisError:
+        measured = {}
+    total = sum(m["count"] for m in measured.values())
+    ready = {(load.version_id, load.server_id) for load in routes.ready_loads(deployment)}
+    for row in split:
+        meaning = route.variants.get(row["name"]) or {}
+        figures = measured.get(row["name"]) or {}
+        count = figures.get("count", 0)
+        row["requests"] = count
+        row["figures"] = figures if count else None
+        copies = figures.get("mirror") or {}
+        row["copies"] = copies if copies.get("count") else None
+        row["measured"] = round(100 * count / total, 1) if total else None
+        row["gone"] = (meaning.get("version_id"), meaning.get("server_id")) not in ready
+    return split
 
 
 def _traffic_context(
@@ -190,24 +220,7 @@ def _traffic_context(
     """The Traffic panel: the route in force with the share each variant got in the last
     minute, the change form (deployers) and the history."""
     route = Route.objects.filter(pk=deployment.pk).first()
-    split = route.split() if route is not None else []
-    if split:
-        try:
-            measured = samples.summary(deployment.pk, TRAFFIC_WINDOW_S)
-        except redis.RedisError:
-            measured = {}
-        total = sum(m["count"] for m in measured.values())
-        ready = {(load.version_id, load.server_id) for load in routes.ready_loads(deployment)}
-        for row in split:
-            meaning = route.variants.get(row["name"]) or {}
-            figures = measured.get(row["name"]) or {}
-            count = figures.get("count", 0)
-            row["requests"] = count
-            row["figures"] = figures if count else None
-            copies = figures.get("mirror") or {}
-            row["copies"] = copies if copies.get("count") else None
-            row["measured"] = round(100 * count / total, 1) if total else None
-            row["gone"] = (meaning.get("version_id"), meaning.get("server_id")) not in ready
+    split = _measured_split(deployment, route)
     refused = form if isinstance(form, RouteDefaultForm | RouteRemoveForm) else None
     if can_deploy and not isinstance(form, RouteForm) and routes.ready_loads(deployment):
         form = RouteForm(actor=request.user, deployment=deployment)
