@@ -278,6 +278,13 @@ SWITCHYARD_ROUTE_PORTS = range(_first_port, _last_port + 1)
 # A route change being applied holds its route this long at most (a worker that died while
 # nginx reloaded leaves a claim that runs out).
 SWITCHYARD_ROUTE_APPLY_LEASE_S = env_float("SWITCHYARD_ROUTE_APPLY_LEASE_S", 60.0, minimum=5.0)
+SWITCHYARD_ROLLOUT_INTERVAL_S = env_float("SWITCHYARD_ROLLOUT_INTERVAL_S", 1.0, minimum=0.2)
+SWITCHYARD_ROLLOUT_LEASE_S = env_float("SWITCHYARD_ROLLOUT_LEASE_S", 15.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
+    "task": "rollouts.tasks.reconcile_rollouts",
+    "schedule": timedelta(seconds=SWITCHYARD_ROLLOUT_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_ROLLOUT_INTERVAL_S},
+}
 CELERY_BEAT_SCHEDULE["ensure-routes"] = {
     "task": "rollouts.tasks.ensure_routes",
     "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),

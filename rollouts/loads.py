@@ -138,6 +138,20 @@ def request_load(
         return earlier, False
 
 
+def load_for(
+    deployment: Deployment, version: ModelVersion, server_names: list[str] | None, label: str
+) -> tuple[list[ModelLoad], bool]:
+    """:func:`request_load` by the system on someone's behalf (a rollout loading its
+    version: the rollout's requester was checked when it was made); ``label`` names it."""
+    check_loadable(deployment, version)
+    servers = _servers(deployment, server_names)
+    check_runtime(version, servers)
+    fingerprint = hashlib.sha256(
+        f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}".encode()
+    ).hexdigest()
+    return _create_loads(None, deployment, version, servers, "", fingerprint, label=label)
+
+
 def _replay(deployment: Deployment, key: str, fingerprint: str) -> list[ModelLoad] | None:
     """The loads an earlier request with ``key`` made, or None; a Conflict if that request
     asked for something else."""
@@ -156,6 +170,7 @@ def _create_loads(
     servers: list[InferenceServer],
     idempotency_key: str,
     fingerprint: str,
+    label: str = "",
 ) -> tuple[list[ModelLoad], bool]:
     token = token_of(actor)
     loads: list[ModelLoad] = []
@@ -194,7 +209,7 @@ def _create_loads(
                 request_fingerprint=fingerprint,
                 requested_by=None if token else actor,
                 requested_by_token=token,
-                requested_by_label=actor_label(actor),
+                requested_by_label=label or actor_label(actor),
             )
             _event(load, f"load of v{version.version} onto {server.name} requested by {load.requested_by_label}")
             audit.record(actor, "requested_load", load, tenant=deployment.tenant,
@@ -211,10 +226,19 @@ def request_unload(
 ) -> list[ModelLoad]:
     """Take ``version`` off the deployment's servers (those where it is ready)."""
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    return unload_for(actor, deployment, version, server_names=server_names)
+
+
+def unload_for(
+    actor: Any, deployment: Deployment, version: ModelVersion, *,
+    server_names: list[str] | None = None, label: str = "",
+) -> list[ModelLoad]:
+    """:func:`request_unload` once the caller's right to it is settled (``actor`` None: the
+    system, e.g. a rollout taking back its version; ``label`` names it in the history)."""
     if version.model_id != deployment.model_id:
         raise DomainError("version belongs to another model", field="version")
     servers = _servers(deployment, server_names)
-    label = actor_label(actor)
+    label = label or actor_label(actor)
     moved: list[ModelLoad] = []
     with transaction.atomic():
         # A version the route still sends traffic to stays loaded until the traffic moves.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts import drift, latency, loads, routes
+from rollouts import drift, latency, loads, rollout, routes
 from rollouts.models import ModelLoad
 
 
@@ -45,3 +45,23 @@ def prune_latency() -> int:
 def ensure_routes() -> int:
     """Beat tick: a default route for every deployment that has a ready version and none yet."""
     return routes.ensure_routes()
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def advance_rollout(self: Task, rollout_id: int) -> None:
+    """One step of a rollout; when the next step may follow at once (a weight put in force
+    before an analysis), it is sent straight away. Beat's reconcile_rollouts does the rest."""
+    _state, again = rollout.advance(rollout_id)
+    if again:
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        advance_rollout.apply_async((rollout_id,), queue=queue)
+
+
+@shared_task(ignore_result=True)
+def reconcile_rollouts() -> int:
+    """Beat tick (every SWITCHYARD_ROLLOUT_INTERVAL_S): a look at every active rollout that
+    no worker holds (lost workers included)."""
+    due = rollout.due_rollouts()
+    for rollout_id in due:
+        advance_rollout.delay(rollout_id)
+    return len(due)

@@ -2,6 +2,7 @@ from .deployments import Deployment
 from .latency import LatencyRollup
 from .loads import ModelLoad, ModelLoadEvent
 from .registry import Alias, Model, ModelVersion
+from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
 
 __all__ = [
@@ -12,6 +13,10 @@ __all__ = [
     "ModelLoad",
     "ModelLoadEvent",
     "ModelVersion",
+    "Rollout",
+    "RolloutAnalysis",
+    "RolloutApproval",
+    "RolloutEvent",
     "Route",
     "RouteRevision",
 ]
