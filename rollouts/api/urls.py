@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import routes, views
+from rollouts.api import rollouts, routes, views
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -9,5 +9,6 @@ router.register("aliases", views.AliasViewSet, basename="alias")
 router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("loads", views.ModelLoadViewSet, basename="load")
 router.register("routes", routes.RouteViewSet, basename="route")
+router.register("rollouts", rollouts.RolloutViewSet, basename="rollout")
 
 urlpatterns = router.urls
