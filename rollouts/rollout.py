@@ -719,9 +719,9 @@ def _back_to_baseline(rollout: Rollout, why: str, ends_as: str, *,
     """All traffic to the baseline now; the rollout ends as ``ends_as`` (rolled_back or
     aborted), or stays rolling_back while the router does not take the change."""
     base = rollout.baseline.version
-    touched = bool(rollout.weights) and rollout.weights != {str(base): 100}
     try:
-        if touched or Route.objects.filter(pk=rollout.deployment_id).exists():
+        if rollout.weights:  # the rollout moved traffic: all of it back (a route it never
+            # touched, before its first step, stays as its owners set it)
             _route(rollout, {base: 100}, f"back to v{base}: {why}")
     except DomainError as exc:
         if isinstance(exc, Conflict):  # the router refused, or another change holds the route
@@ -739,14 +739,22 @@ def _back_to_baseline(rollout: Rollout, why: str, ends_as: str, *,
           data=data or {}, reason=why, weights={str(base): 100}, finished_at=timezone.now(),
           waiting_for="", requested_action="")
     if rollout.strategy == Rollout.Strategy.CANARY and rollout.candidate_id:
-        _unload(rollout, rollout.candidate, "the rollout went back to the baseline")
+        _unload(rollout, rollout.candidate, "the rollout went back to the baseline",
+                own_only=True)
 
 
-def _unload(rollout: Rollout, version: ModelVersion, why: str) -> None:
-    """Take ``version`` off the rollout's servers (best effort: a refusal is recorded)."""
+def _unload(rollout: Rollout, version: ModelVersion, why: str, *, own_only: bool = False) -> None:
+    """Take ``version`` off the rollout's servers (best effort: a refusal is recorded);
+    with ``own_only``, only from the servers where the rollout itself loaded it."""
+    names = list(rollout.servers)
+    if own_only:
+        names = sorted(set(ModelLoad.objects.filter(
+            pk__in=rollout.load_ids, version=version).values_list("server__name", flat=True)))
+        if not names:
+            return
     try:
-        taken = loads.unload_for(None, rollout.deployment, version, server_names=rollout.servers
-                                 or None, label=f"rollout {rollout.pk}")
+        taken = loads.unload_for(None, rollout.deployment, version, server_names=names or None,
+                                 label=f"rollout {rollout.pk}")
     except DomainError as exc:
         _event(rollout, Kind.LOAD, f"v{version.version} stays loaded ({why}), the unload was "
                f"refused: {exc.message}")
@@ -1000,8 +1008,16 @@ def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
         return False
     canary = by_version.get(rollout.candidate.version, [])
     baseline = by_version.get(rollout.baseline.version, [])
-    judgement = analysis.judge_samples(canary, baseline, judge_config, spent_before=row.spent)
     gates = slo_gates(canary, config)
+    if row.weight >= 100:
+        # No baseline traffic to compare with: the SLO gates alone decide.
+        judgement = analysis.Judgement(
+            analysis.PASS if gates["checked"] else analysis.INCONCLUSIVE,
+            ["the canary carries all traffic: judged by the SLO gates alone"
+             + ("" if gates["checked"] else f" once it has {config['min_samples']} requests")],
+            len(canary), 0, min(len(canary) / config["planned_samples"], 1.0), 0.0, 0.0)
+    else:
+        judgement = analysis.judge_samples(canary, baseline, judge_config, spent_before=row.spent)
     reasons = list(judgement.reasons)
     verdict = judgement.verdict
     if not gates["ok"]:
