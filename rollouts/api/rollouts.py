@@ -164,8 +164,8 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     steps = StepsField(required=False)
     analysis = AnalysisField(required=False)
-    variants = VariantSerializer(
-        many=True, required=False, min_length=2, max_length=10,
+    variants = serializers.ListField(
+        child=VariantSerializer(), required=False, min_length=2, max_length=10,
         help_text="A/B: 2 to 10 versions whose weights sum to 100; the first is the reference",
     )
     duration_s = serializers.IntegerField(

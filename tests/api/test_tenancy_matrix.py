@@ -35,6 +35,7 @@ from rollouts.models import (
     Model,
     ModelLoad,
     ModelVersion,
+    Rollout,
     Route,
     RouteRevision,
 )
@@ -254,6 +255,44 @@ class World:
     @cached_property
     def route_b(self) -> Route:
         return self._route(self.deployment_b, self.version_b)
+
+    # --- rollouts (rows as the domain writes them; the reconciler is not run)
+    def _rollout(self, deployment: Deployment, baseline: ModelVersion, state: str,
+                 candidate: ModelVersion | None = None) -> Rollout:
+        requester = self.persona("dave" if deployment.tenant == self.tenant_a else "charlie")
+        return Rollout.objects.create(
+            tenant=deployment.tenant, deployment=deployment, baseline=baseline,
+            candidate=candidate, state=state, steps=[{"set_weight": 10}, {"analysis": {}}],
+            requires_approval=state == Rollout.State.PENDING_APPROVAL,
+            requested_by=requester, requested_by_label=requester.username,
+        )
+
+    @cached_property
+    def rollout_a(self) -> Rollout:
+        """A canary of version 3 of model A against version 1, progressing."""
+        return self._rollout(self.deployment_a, self.version_a, Rollout.State.PROGRESSING,
+                             self.spare_a)
+
+    @cached_property
+    def rollout_b(self) -> Rollout:
+        return self._rollout(self.deployment_b, self.version_b, Rollout.State.PROGRESSING,
+                             ModelVersionFactory(model=self.model_b, version=2))
+
+    @cached_property
+    def paused_a(self) -> Rollout:
+        return self._rollout(self.deployment_a, self.version_a, Rollout.State.PAUSED,
+                             self.spare_a)
+
+    @cached_property
+    def pending_rollout_a(self) -> Rollout:
+        """Asked for by dave, so erin may approve it."""
+        return self._rollout(self.deployment_a, self.version_a, Rollout.State.PENDING_APPROVAL,
+                             self.spare_a)
+
+    @cached_property
+    def aborted_a(self) -> Rollout:
+        return self._rollout(self.deployment_a, self.version_a, Rollout.State.ABORTED,
+                             self.spare_a)
 
 
 @pytest.fixture
@@ -524,6 +563,32 @@ OPS: list[Op] = [
     Op("route", "destroy", "DELETE", "routes/{route_a}/", Route, "dave", 204, writer="role",
        role="deployer", below=("bob",), payload=lambda w: w.routed({}),
        done=lambda w, body: fresh(w.route_a).state == "removed"),
+    # --- rollouts (pause, resume, promote and abort are carried out by the next tick: 202)
+    *read_ops("rollout", "rollouts", Rollout, ("rollout_a", "rollout_b")),
+    Op("rollout", "create", "POST", "rollouts/", Rollout, "dave", 201, writer="role",
+       role="deployer", below=("bob",), field="deployment",
+       payload=lambda w: w.routed({"deployment": w.routable_a.pk, "version": w.spare_a.version}),
+       done=lambda w, body: Rollout.objects.filter(
+           pk=body["id"], deployment=w.deployment_a, state="loading").exists()),
+    Op("rollout", "pause", "POST", "rollouts/{rollout_a}/pause/", Rollout, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {"reason": "look"},
+       done=lambda w, body: fresh(w.rollout_a).requested_action == "pause"),
+    Op("rollout", "resume", "POST", "rollouts/{paused_a}/resume/", Rollout, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {},
+       done=lambda w, body: fresh(w.paused_a).requested_action == "resume"),
+    Op("rollout", "promote", "POST", "rollouts/{rollout_a}/promote/", Rollout, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {},
+       done=lambda w, body: fresh(w.rollout_a).requested_action == "promote"),
+    Op("rollout", "abort", "POST", "rollouts/{rollout_a}/abort/", Rollout, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {"reason": "p99"},
+       done=lambda w, body: fresh(w.rollout_a).requested_action == "abort"),
+    Op("rollout", "approve", "POST", "rollouts/{pending_rollout_a}/approve/", Rollout, "erin",
+       200, writer="role", role="approver", below=("dave", "bob"), payload=lambda w: {},
+       done=lambda w, body: fresh(w.pending_rollout_a).state == "loading"),
+    Op("rollout", "retry", "POST", "rollouts/{aborted_a}/retry/", Rollout, "dave", 200,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {},
+       done=lambda w, body: (fresh(w.aborted_a).state, fresh(w.aborted_a).attempt)
+       == ("loading", 2)),
     # Deleting a deployment needs the admin role: deployers create and edit only.
     Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
        writer="role", role="admin", below=("erin", "dave", "bob"),
