@@ -46,11 +46,14 @@ class DemoVersion:
     memory_mib: int
     git_sha: str
     training_run: str
+    source: int = 0  # the demo model folder its files come from (0: its own version's)
 
 
 VERSIONS = [
     DemoVersion("fraud-scorer", 1, Status.APPROVED, 64, "4f1c2a9e", "train-2026-10-02"),
     DemoVersion("fraud-scorer", 2, Status.PENDING_APPROVAL, 64, "9b7d0e31", "train-2026-11-14"),
+    # Retrained, as fast as version 1: the candidate a canary promotes.
+    DemoVersion("fraud-scorer", 3, Status.APPROVED, 64, "d41e7c08", "train-2026-11-20", source=1),
     DemoVersion("sentiment", 1, Status.APPROVED, 48, "c0ffee12", "sent-2026-09-30"),
 ]
 OWNERS = {"fraud-scorer": "acme", "sentiment": "globex"}
@@ -60,19 +63,24 @@ DESCRIPTIONS = {
 }
 
 
-def artifact(model: str, version: int) -> tuple[bytes, str]:
-    """A deterministic .tar.gz of config.pbtxt and the version folder, and its sha256."""
+def artifact(model: str, version: int, source: int = 0) -> tuple[bytes, str]:
+    """A deterministic .tar.gz of config.pbtxt and the version folder (the files of folder
+    ``source`` when given), and its sha256."""
     base = DEMO_MODELS_DIR / model
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, tarfile.open(
         fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
     ) as tar:
-        paths = [base / "config.pbtxt", *sorted((base / str(version)).rglob("*"))]
+        folder = base / str(source or version)
+        paths = [base / "config.pbtxt", *sorted(folder.rglob("*"))]
         for path in paths:
             if path.is_dir() or "__pycache__" in path.parts:
                 continue
             data = path.read_bytes()
-            info = tarfile.TarInfo(str(Path(model) / path.relative_to(base)))
+            inside = path.relative_to(base)
+            if folder in path.parents:
+                inside = Path(str(version)) / path.relative_to(folder)
+            info = tarfile.TarInfo(str(Path(model) / inside))
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             tar.addfile(info, io.BytesIO(data))
     blob = buffer.getvalue()
@@ -223,7 +231,7 @@ def _seed(password: str, store: object) -> None:
         model, _ = Model.objects.get_or_create(
             tenant=tenant, name=spec.model, defaults={"description": DESCRIPTIONS[spec.model]}
         )
-        blob, digest = artifact(spec.model, spec.version)
+        blob, digest = artifact(spec.model, spec.version, spec.source)
         requester = user_model.objects.get(username="dave" if tenant.slug == "acme" else "charlie")
         approver = user_model.objects.get(username="erin" if tenant.slug == "acme" else "grace")
         version, created = ModelVersion.objects.get_or_create(

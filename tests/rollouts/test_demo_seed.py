@@ -42,6 +42,8 @@ def test_without_an_approved_production_version_the_newest_approved_one_is_serve
     fraud = Deployment.objects.get(name="fraud-scorer-prod")
     ModelVersion.objects.filter(model=fraud.model, version=2).update(
         status=ModelVersion.Status.APPROVED)
+    ModelVersion.objects.filter(model=fraud.model, version=3).update(
+        status=ModelVersion.Status.ARCHIVED)
     fraud.model.aliases.filter(name="production").delete()
 
     assert demo.demo_version(fraud).version == 2
