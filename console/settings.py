@@ -220,6 +220,12 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 }
 SWITCHYARD_HEALTH_INTERVAL_S = env_float("SWITCHYARD_HEALTH_INTERVAL_S", 3.0, minimum=1.0)
 SWITCHYARD_PROBE_TIMEOUT_S = env_float("SWITCHYARD_PROBE_TIMEOUT_S", 2.0, minimum=0.1)
+# Tenant webhooks (fleet/webhooks.py): attempts per delivery, the first wait between two
+# (doubled after each failure: 2, 4, 8, 16, 32 s), the POST timeout and the retry tick.
+SWITCHYARD_WEBHOOK_MAX_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
+SWITCHYARD_WEBHOOK_BACKOFF_S = env_float("SWITCHYARD_WEBHOOK_BACKOFF_S", 2.0, minimum=0.1)
+SWITCHYARD_WEBHOOK_TIMEOUT_S = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+SWITCHYARD_WEBHOOK_INTERVAL_S = env_float("SWITCHYARD_WEBHOOK_INTERVAL_S", 2.0, minimum=0.5)
 CELERY_BEAT_SCHEDULE = {
     "scrape-latency": {
         "task": "rollouts.tasks.scrape_latency",
@@ -241,6 +247,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=SWITCHYARD_HEALTH_INTERVAL_S),
         # A tick that waited longer than one interval is stale: the next one supersedes it.
         "options": {"expires": SWITCHYARD_HEALTH_INTERVAL_S},
+    },
+    "retry-webhook-deliveries": {
+        "task": "fleet.tasks.retry_webhook_deliveries",
+        "schedule": timedelta(seconds=SWITCHYARD_WEBHOOK_INTERVAL_S),
+        "options": {"expires": SWITCHYARD_WEBHOOK_INTERVAL_S},
     },
 }
 

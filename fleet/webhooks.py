@@ -1,13 +1,387 @@
-"""Tenant webhooks: notifications of rollout state changes, approvals needed and rollbacks."""
+"""Tenant webhooks: notifications of rollout state changes, approvals needed and rollbacks.
+
+``emit()`` queues one delivery per active webhook of the tenant that listens to the event, in
+the caller's transaction, and hands each to a worker once it commits. ``deliver()`` makes one
+attempt: it claims the row (a conditional UPDATE, so two workers never send one delivery at
+once), POSTs outside any transaction and records the answer. A 2xx answer delivers it; anything
+else (another status, a refused connection, a timeout) is retried after 2, 4, 8, 16, ... s
+(``SWITCHYARD_WEBHOOK_BACKOFF_S`` doubled each time) until ``SWITCHYARD_WEBHOOK_MAX_ATTEMPTS``
+attempts, then the delivery fails. Beat's ``fleet.tasks.retry_webhook_deliveries`` sends what
+is due, so no worker ever sleeps between attempts.
+
+Signing: each POST carries ``X-Switchyard-Timestamp`` (Unix seconds) and
+``X-Switchyard-Signature: sha256=<hex>``, the HMAC-SHA256 of ``f"{timestamp}.{body}"`` keyed
+with the webhook's secret. ``verify()`` is what a receiver runs (docs/api.md, "Webhooks").
+
+Any http:// or https:// URL is allowed: the product posts where the tenant admin says, inside
+the network Switchyard runs in; the tests use receivers on 127.0.0.1 only.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
-from fleet.models import Tenant
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleet import audit
+from fleet.errors import Conflict, DomainError
+from fleet.models import Membership, Tenant, Webhook, WebhookDelivery
+from fleet.tenancy import require_role
+from fleet.tokens import person_id
+
+# The events a webhook can listen to, with what each means (the API and the console list them).
+EVENTS: dict[str, str] = {
+    "rollout.state_changed": "a rollout moved to another state",
+    "rollout.approval_needed": "a rollout waits for an approver",
+    "rollout.rolled_back": "a rollout rolled back to its baseline",
+}
+PING = "ping"  # sent by the test button to one webhook, whatever its events
+SECRET_PREFIX = "whsec_"
+EXCERPT_CHARS = 500
+USER_AGENT = "Switchyard-Webhooks/1"
+State = WebhookDelivery.State
+
+
+@dataclass(frozen=True)
+class CreatedWebhook:
+    webhook: Webhook
+    secret: str  # shown this once
+
+
+# --------------------------------------------------------------------------------------------
+# Signatures
+# --------------------------------------------------------------------------------------------
+
+
+def sign(secret: str, timestamp: int | str, body: bytes | str) -> str:
+    """``sha256=`` + hex HMAC-SHA256 of ``f"{timestamp}.{body}"`` keyed with ``secret``."""
+    raw = body.encode() if isinstance(body, str) else body
+    message = f"{timestamp}.".encode() + raw
+    return "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def verify(
+    secret: str, timestamp: int | str, body: bytes | str, signature: str,
+    *, max_age_s: float | None = None, now: float | None = None,
+) -> bool:
+    """Whether ``signature`` was made with ``secret`` for this timestamp and body (compared in
+    constant time). With ``max_age_s``, a timestamp further than that from ``now`` is refused
+    too, so a captured request cannot be replayed later."""
+    if max_age_s is not None:
+        try:
+            age = abs((time.time() if now is None else now) - int(timestamp))
+        except (TypeError, ValueError):
+            return False
+        if age > max_age_s:
+            return False
+    return hmac.compare_digest(sign(secret, timestamp, body), signature)
+
+
+# --------------------------------------------------------------------------------------------
+# Managing webhooks (the API and the console call these)
+# --------------------------------------------------------------------------------------------
+
+
+def validate_url(url: str) -> str:
+    """An absolute http:// or https:// URL with a host, else DomainError on ``url``."""
+    url = url.strip()
+    problem = ""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port that is no number or out of range
+    except ValueError as exc:
+        problem, port = f"not a valid URL ({exc})", None
+    if not problem:
+        if parts.scheme not in ("http", "https"):
+            problem = "must start with http:// or https://"
+        elif not parts.hostname:
+            problem = "must name a host, e.g. https://hooks.example.com/switchyard"
+        elif any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+            problem = "must not contain spaces or control characters"
+        elif len(url) > 2000:
+            problem = "must be at most 2000 characters"
+        elif port == 0:
+            problem = "port 0 is not a port"
+    if problem:
+        raise DomainError(problem, field="url")
+    return url
+
+
+def validate_events(events: list[str]) -> list[str]:
+    """Known event names, each once, in the order given; empty means every event."""
+    seen: list[str] = []
+    for event in events:
+        if event not in EVENTS:
+            known = ", ".join(EVENTS)
+            raise DomainError(f"unknown event {event!r}: choose among {known}", field="events")
+        if event not in seen:
+            seen.append(event)
+    return seen
+
+
+def _validate_name(tenant: Tenant, name: str, exclude: int | None = None) -> str:
+    if not name or len(name) > 100:
+        raise DomainError("give the webhook a name of 1 to 100 characters", field="name")
+    if Webhook.objects.filter(tenant=tenant, name=name).exclude(pk=exclude).exists():
+        raise Conflict(f"a webhook named {name!r} already exists", field="name")
+    return name
+
+
+def _validate_format(value: str) -> str:
+    if value not in Webhook.Format.values:
+        raise DomainError(f"must be one of {', '.join(Webhook.Format.values)}", field="format")
+    return value
+
+
+AUDITED = ["name", "url", "events", "format", "active"]
+
+
+def create_webhook(
+    actor: Any, tenant: Tenant, *, name: str, url: str, events: list[str] | None = None,
+    format: str = Webhook.Format.JSON, active: bool = True,
+) -> CreatedWebhook:
+    """Make a webhook with a fresh secret. Needs the admin role in the tenant."""
+    require_role(actor, tenant, Membership.Role.ADMIN)
+    fields = {
+        "name": _validate_name(tenant, name), "url": validate_url(url),
+        "events": validate_events(events or []), "format": _validate_format(format),
+        "active": active,
+    }
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        webhook = Webhook.objects.create(
+            tenant=tenant, secret=secret, created_by_id=person_id(actor), **fields,
+        )
+        audit.record(actor, "created", webhook, tenant=tenant,
+                     after=audit.snapshot(webhook, AUDITED))
+    return CreatedWebhook(webhook=webhook, secret=secret)
+
+
+def update_webhook(actor: Any, webhook: Webhook, **changes: Any) -> Webhook:
+    """Change any of name, url, events, format, active. Needs the admin role."""
+    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
+    unknown = set(changes) - set(AUDITED)
+    if unknown:
+        raise DomainError(f"cannot change {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
+    checks = {
+        "name": lambda v: _validate_name(webhook.tenant, v, exclude=webhook.pk),
+        "url": validate_url, "events": validate_events, "format": _validate_format,
+        "active": bool,
+    }
+    clean = {key: checks[key](value) for key, value in changes.items()}
+    changed = [key for key, value in clean.items() if getattr(webhook, key) != value]
+    if not changed:
+        return webhook
+    before = audit.snapshot(webhook, changed)
+    with transaction.atomic():
+        for key in changed:
+            setattr(webhook, key, clean[key])
+        webhook.save(update_fields=changed)
+        audit.record(actor, "updated", webhook, tenant=webhook.tenant, before=before,
+                     after=audit.snapshot(webhook, changed))
+    return webhook
+
+
+def delete_webhook(actor: Any, webhook: Webhook) -> None:
+    """Delete a webhook and its delivery log. Needs the admin role."""
+    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
+    with transaction.atomic():
+        audit.record(actor, "deleted", webhook, tenant=webhook.tenant,
+                     before=audit.snapshot(webhook, AUDITED))
+        webhook.delete()
+
+
+def send_test(actor: Any, webhook: Webhook) -> WebhookDelivery:
+    """Queue a ``ping`` to this one webhook, active or not, whatever its events."""
+    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
+    payload = {"tenant": webhook.tenant.slug, "webhook": webhook.name,
+               "requested_by": audit.actor_label(actor)}
+    summary = f"Test message from Switchyard for webhook {webhook.name}"
+    with transaction.atomic():
+        return _queue(webhook, PING, payload, summary)
+
+
+# --------------------------------------------------------------------------------------------
+# Emitting and delivering
+# --------------------------------------------------------------------------------------------
 
 
 def emit(tenant: Tenant, event: str, payload: dict[str, Any], *, summary: str = "") -> int:
     """Queue ``event`` for every webhook of ``tenant`` that listens to it; returns how many
-    deliveries were queued. Call it inside the transaction that made the change."""
-    return 0
+    deliveries were queued. Call it inside the transaction that made the change: the
+    deliveries commit (and go to the workers) with it, or not at all."""
+    if event not in EVENTS:
+        raise ValueError(f"unknown webhook event {event!r}; add it to fleet.webhooks.EVENTS")
+    hooks = [h for h in Webhook.objects.filter(tenant=tenant, active=True) if h.listens_to(event)]
+    for webhook in hooks:
+        _queue(webhook, event, payload, summary)
+    return len(hooks)
+
+
+def _queue(webhook: Webhook, event: str, payload: dict[str, Any], summary: str) -> WebhookDelivery:
+    from console.celery import send_soon
+    from fleet.tasks import deliver_webhook
+
+    delivery = WebhookDelivery.objects.create(
+        webhook=webhook, event=event, payload=payload, summary=summary[:500],
+        next_attempt_at=timezone.now(),
+    )
+    # Sent once the row is committed; with the broker down, beat's retry tick sends it.
+    send_soon(deliver_webhook, delivery.pk)
+    return delivery
+
+
+def body_of(delivery: WebhookDelivery) -> bytes:
+    """The bytes POSTed for ``delivery``: the same on every attempt (only the timestamp and
+    signature headers change)."""
+    webhook = delivery.webhook
+    tenant = webhook.tenant.slug
+    if webhook.format == Webhook.Format.SLACK:
+        document: dict[str, Any] = slack_message(delivery)
+    else:
+        document = {
+            "id": delivery.pk, "event": delivery.event, "tenant": tenant,
+            "created_at": delivery.created_at.isoformat().replace("+00:00", "Z"),
+            "summary": delivery.summary, "data": delivery.payload,
+        }
+    return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+
+
+SLACK_FIELDS = ("deployment", "model", "state", "previous_state", "candidate", "baseline", "reason")
+
+
+def slack_message(delivery: WebhookDelivery) -> dict[str, Any]:
+    """An incoming-webhook message: ``text`` (the summary, also the notification) and blocks."""
+    text = delivery.summary or f"{delivery.event} in {delivery.webhook.tenant.slug}"
+    data = delivery.payload if isinstance(delivery.payload, dict) else {}
+    fields = [
+        {"type": "mrkdwn", "text": f"*{key.replace('_', ' ')}*\n{data[key]}"}
+        for key in SLACK_FIELDS if data.get(key) not in (None, "")
+    ]
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
+    if fields:
+        blocks.append({"type": "section", "fields": fields[:10]})
+    blocks.append({"type": "context", "elements": [{
+        "type": "mrkdwn",
+        "text": f"`{delivery.event}` · tenant {delivery.webhook.tenant.slug} · delivery {delivery.pk}",
+    }]})
+    return {"text": text, "blocks": blocks}
+
+
+def backoff(attempts: int) -> timedelta:
+    """The wait after the ``attempts``-th failed attempt: base, 2 * base, 4 * base, ..."""
+    return timedelta(seconds=settings.SWITCHYARD_WEBHOOK_BACKOFF_S * 2 ** (attempts - 1))
+
+
+def _lease() -> timedelta:
+    # Long enough for one POST to time out and its answer to be recorded.
+    return timedelta(seconds=settings.SWITCHYARD_WEBHOOK_TIMEOUT_S * 2 + 10)
+
+
+def due_deliveries(now: datetime | None = None, limit: int = 500) -> list[int]:
+    """Pending deliveries whose next attempt is due (claimed ones are not: their lease is
+    ``next_attempt_at``)."""
+    now = now or timezone.now()
+    return list(
+        WebhookDelivery.objects.filter(state=State.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "pk").values_list("pk", flat=True)[:limit]
+    )
+
+
+def deliver(delivery_id: int) -> str:
+    """Make one attempt at ``delivery_id`` if it is due; return its state afterwards.
+
+    Safe to call twice, or from two workers at once: only the one whose conditional UPDATE
+    claims the row sends; the other, and any call for a delivery not due, changes nothing.
+    """
+    now = timezone.now()
+    claimed = WebhookDelivery.objects.filter(
+        pk=delivery_id, state=State.PENDING, next_attempt_at__lte=now
+    ).update(attempts=F("attempts") + 1, next_attempt_at=now + _lease())
+    delivery = WebhookDelivery.objects.select_related("webhook__tenant").filter(pk=delivery_id).first()
+    if delivery is None:
+        return ""
+    if claimed != 1:
+        return delivery.state  # another worker got there first, or it is not due, or done
+    webhook = delivery.webhook
+    if not webhook.active and delivery.event != PING:
+        return _record(delivery, now, failed_why="the webhook was deactivated")
+    if delivery.attempts > settings.SWITCHYARD_WEBHOOK_MAX_ATTEMPTS:
+        # The worker of the last attempt was lost before it recorded anything.
+        return _record(delivery, now, failed_why="no answer was recorded for the last attempt")
+    status, excerpt, duration_ms = _post(delivery)
+    return _record(delivery, timezone.now(), status=status, excerpt=excerpt,
+                   duration_ms=duration_ms)
+
+
+def _post(delivery: WebhookDelivery) -> tuple[int | None, str, int]:
+    """POST the delivery once, outside any transaction: (status or None, excerpt, ms)."""
+    body = body_of(delivery)
+    timestamp = int(time.time())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Switchyard-Event": delivery.event,
+        "X-Switchyard-Delivery": str(delivery.pk),
+        "X-Switchyard-Timestamp": str(timestamp),
+        "X-Switchyard-Signature": sign(delivery.webhook.secret, timestamp, body),
+    }
+    timeout = settings.SWITCHYARD_WEBHOOK_TIMEOUT_S
+    started = time.monotonic()
+    try:
+        response = httpx.post(delivery.webhook.url, content=body, headers=headers,
+                              timeout=timeout, follow_redirects=False)
+    except httpx.ConnectError as exc:
+        return None, f"could not connect: {_reason(exc)}", _ms(started)
+    except httpx.TimeoutException:
+        return None, f"no answer within {timeout:g} s", _ms(started)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {_reason(exc)}", _ms(started)
+    return response.status_code, response.text[:EXCERPT_CHARS], _ms(started)
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    # "[Errno 111] Connection refused" reads better without the number.
+    if text.startswith("[Errno ") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:EXCERPT_CHARS]
+
+
+def _ms(started: float) -> int:
+    return max(0, round((time.monotonic() - started) * 1000))
+
+
+def _record(
+    delivery: WebhookDelivery, now: datetime, *, status: int | None = None, excerpt: str = "",
+    duration_ms: int | None = None, failed_why: str = "",
+) -> str:
+    """Write the attempt's outcome, unless another worker took the row over meanwhile (our
+    lease ran out and its attempt counter moved on)."""
+    fields: dict[str, Any] = {"response_status": status, "duration_ms": duration_ms,
+                              "response_excerpt": (failed_why or excerpt)[:EXCERPT_CHARS]}
+    if failed_why:
+        fields.update(state=State.FAILED, next_attempt_at=None)
+    elif status is not None and 200 <= status < 300:
+        fields.update(state=State.DELIVERED, next_attempt_at=None, delivered_at=now)
+    elif delivery.attempts >= settings.SWITCHYARD_WEBHOOK_MAX_ATTEMPTS:
+        fields.update(state=State.FAILED, next_attempt_at=None)
+    else:
+        fields.update(next_attempt_at=now + backoff(delivery.attempts))
+    WebhookDelivery.objects.filter(
+        pk=delivery.pk, state=State.PENDING, attempts=delivery.attempts
+    ).update(**fields)
+    delivery.refresh_from_db()
+    return delivery.state

@@ -1,6 +1,7 @@
 from rest_framework.routers import DefaultRouter
 
 from fleet.api import views
+from fleet.api.webhooks import WebhookViewSet
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -11,5 +12,6 @@ router.register("nodes", views.NodeViewSet, basename="node")
 router.register("gpus", views.GPUViewSet, basename="gpu")
 router.register("servers", views.InferenceServerViewSet, basename="server")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
+router.register("webhooks", WebhookViewSet, basename="webhook")
 
 urlpatterns = router.urls

@@ -2,6 +2,7 @@ from .audit import AuditEvent
 from .inventory import GPU, Cluster, InferenceServer, Node
 from .quotas import Placement, Quota
 from .tenancy import APIToken, Membership, Tenant
+from .webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "GPU",
@@ -14,4 +15,6 @@ __all__ = [
     "Placement",
     "Quota",
     "Tenant",
+    "Webhook",
+    "WebhookDelivery",
 ]

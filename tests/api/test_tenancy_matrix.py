@@ -26,7 +26,19 @@ from rest_framework.test import APIClient
 from fleet import health, tokens
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
-from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
+from fleet import webhooks
+from fleet.models import (
+    GPU,
+    APIToken,
+    AuditEvent,
+    Cluster,
+    InferenceServer,
+    Node,
+    Quota,
+    Tenant,
+    Webhook,
+    WebhookDelivery,
+)
 from rollouts import approvals
 from rollouts.api.urls import router as rollouts_router
 from rollouts.models import (
@@ -256,6 +268,17 @@ class World:
     def route_b(self) -> Route:
         return self._route(self.deployment_b, self.version_b)
 
+    # --- webhooks (receivers on 127.0.0.1 that nothing answers: no test here delivers)
+    @cached_property
+    def webhook_a(self) -> Webhook:
+        return webhooks.create_webhook(self.persona("alice"), self.tenant_a, name="hook-a",
+                                       url="http://127.0.0.1:9/hook-a").webhook
+
+    @cached_property
+    def webhook_b(self) -> Webhook:
+        return webhooks.create_webhook(self.persona("charlie"), self.tenant_b, name="hook-b",
+                                       url="http://127.0.0.1:9/hook-b").webhook
+
     # --- rollouts (rows as the domain writes them; the reconciler is not run)
     def _rollout(self, deployment: Deployment, baseline: ModelVersion, state: str,
                  candidate: ModelVersion | None = None) -> Rollout:
@@ -471,6 +494,32 @@ OPS: list[Op] = [
        scope="fleet", done=lambda w, body: body["health"] == "unreachable"
        and fresh(w.server).last_checked_at is not None),
     *read_ops("auditevent", "audit-events", AuditEvent, ("audit_a", "audit_b")),
+    # Webhooks: members read them (never the secret, only its prefix); admins write and test.
+    Op("webhook", "list", "GET", "webhooks/", Webhook, "bob", 200, rows=("webhook_a", "webhook_b"),
+       done=lambda w, body: all("secret" not in row and row["secret_prefix"].endswith("…")
+                                for row in body["results"])),
+    Op("webhook", "retrieve", "GET", "webhooks/{webhook_a}/", Webhook, "bob", 200,
+       done=lambda w, body: "secret" not in body),
+    Op("webhook", "deliveries", "GET", "webhooks/{webhook_a}/deliveries/", Webhook, "bob", 200),
+    Op("webhook", "create", "POST", "webhooks/", Webhook, "alice", 201, writer="role",
+       role="admin", below=("erin", "bob"), field="tenant",
+       payload=lambda w: {"tenant": w.tenant_a.slug, "name": "ops", "url": "http://127.0.0.1:9/",
+                          "events": ["rollout.rolled_back"]},
+       done=lambda w, body: body["secret"].startswith("whsec_")
+       and Webhook.objects.filter(pk=body["id"], tenant=w.tenant_a).exists()),
+    Op("webhook", "update", "PUT", "webhooks/{webhook_a}/", Webhook, "alice", 200, writer="role",
+       role="admin", below=("erin", "bob"),
+       payload=lambda w: {"name": "hook-a", "url": "http://127.0.0.1:9/changed", "format": "slack"},
+       done=lambda w, body: fresh(w.webhook_a).url == "http://127.0.0.1:9/changed"),
+    Op("webhook", "partial_update", "PATCH", "webhooks/{webhook_a}/", Webhook, "alice", 200,
+       writer="role", role="admin", below=("erin", "bob"), payload=lambda w: {"active": False},
+       done=lambda w, body: fresh(w.webhook_a).active is False),
+    Op("webhook", "destroy", "DELETE", "webhooks/{webhook_a}/", Webhook, "alice", 204,
+       writer="role", role="admin", below=("erin", "bob"), done=lambda w, body: gone(w.webhook_a)),
+    Op("webhook", "test", "POST", "webhooks/{webhook_a}/test/", WebhookDelivery, "alice", 202,
+       writer="role", role="admin", below=("erin", "bob"),
+       done=lambda w, body: WebhookDelivery.objects.filter(
+           pk=body["id"], webhook=w.webhook_a, event="ping", state="pending").exists()),
     # --- registry
     *read_ops("model", "models", Model, ("model_a", "model_b")),
     Op("model", "create", "POST", "models/", Model, "dave", 201, writer="role", role="deployer",
