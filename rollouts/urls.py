@@ -1,6 +1,6 @@
 from django.urls import path
 
-from rollouts import views
+from rollouts import rollout_views, views
 
 app_name = "rollouts"
 urlpatterns = [
@@ -20,5 +20,12 @@ urlpatterns = [
          name="deployment-route-default"),
     path("deployments/<int:pk>/route/remove/", views.deployment_route_remove,
          name="deployment-route-remove"),
+    path("deployments/<int:pk>/rollouts/start/", views.deployment_rollout_start,
+         name="deployment-rollout-start"),
     path("loads/<int:pk>/", views.load_detail, name="load"),
+    path("rollouts/", rollout_views.rollout_list, name="rollouts"),
+    path("rollouts/<int:pk>/", rollout_views.rollout_detail, name="rollout"),
+    path("rollouts/<int:pk>/status/", rollout_views.rollout_status, name="rollout-status"),
+    path("rollouts/<int:pk>/latency/", rollout_views.rollout_latency, name="rollout-latency"),
+    path("rollouts/<int:pk>/<slug:action>/", rollout_views.rollout_action, name="rollout-action"),
 ]

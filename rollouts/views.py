@@ -22,12 +22,14 @@ from rollouts import approvals, deployments, routes, samples
 from rollouts.forms import (
     DeploymentDeleteForm,
     DeploymentLoadForm,
+    RolloutStartForm,
     RouteDefaultForm,
     RouteForm,
     RouteRemoveForm,
     VersionActionForm,
 )
 from rollouts.models import Deployment, Model, ModelLoad, ModelVersion, Route
+from rollouts.rollout_views import deployment_rollouts_context, start_rollout
 
 TRAFFIC_WINDOW_S = 60  # the Traffic panel's measured split covers the last minute
 
@@ -240,6 +242,7 @@ def _traffic_context(
 def _render_deployment(
     request: HttpRequest, deployment: Deployment, form: DeploymentLoadForm | None = None,
     status: int = 200, route_form: RouteForm | RouteDefaultForm | RouteRemoveForm | None = None,
+    rollout_form: RolloutStartForm | None = None,
 ) -> HttpResponse:
     loadable = deployment.model.versions.exclude(
         status__in=[ModelVersion.Status.REJECTED, ModelVersion.Status.ARCHIVED]
@@ -269,7 +272,8 @@ def _render_deployment(
             server__in=deployment.servers.all(), model_version__model=deployment.model,
             state__in=Placement.HOLDING,
         ).select_related("server", "model_version"),
-    } | _traffic_context(request, deployment, can_deploy, route_form)
+    } | _traffic_context(request, deployment, can_deploy, route_form) | (
+        deployment_rollouts_context(request, deployment, can_deploy, rollout_form))
     return render(request, "rollouts/deployment_detail.html", context, status=status)
 
 
@@ -336,6 +340,19 @@ def deployment_route_default(request: HttpRequest, pk: int) -> HttpResponse:
 def deployment_route_remove(request: HttpRequest, pk: int) -> HttpResponse:
     """Take the route off the router, so its versions can be unloaded."""
     return _route_action(request, pk, RouteRemoveForm)
+
+
+@login_required
+@require_POST
+def deployment_rollout_start(request: HttpRequest, pk: int) -> HttpResponse:
+    """Start a canary or an A/B split: on to the rollout's page, or the deployment page again
+    with the refusal next to the field it names."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    made, form = start_rollout(request, deployment)
+    if made is None:
+        return _render_deployment(request, deployment, status=form.status_code, rollout_form=form)
+    return redirect("rollouts:rollout", pk=made.pk)
 
 
 @login_required

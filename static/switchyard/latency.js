@@ -13,6 +13,8 @@
  *   class "stale" past 10 s. `table.latency-latest` elements, either with the same data-src
  *   anywhere on the page or without data-src near the chart, get the latest numbers as text.
  * - Charts added by htmx are picked up on htmx:afterSettle; removed ones are torn down.
+ * - An answer with status 286 (htmx's "stop polling") is drawn and then not polled again: a
+ *   finished rollout's chart (rollouts:rollout-latency) keeps what it showed.
  *
  * JSON: {"updated_at": iso|null, "age_s": s|null, "slo_p99_ms": ms, "slo_error_rate": %,
  *        "versions": {"<key>": {"label": "v1", "points": [{"t": epoch s, "rps", "error_rate" (%),
@@ -122,6 +124,7 @@
     this.error = null;
     this.timer = null;
     this.inflight = null;
+    this.final = false;      // the server answered 286: draw it, poll no more
   }
 
   // Poll only while the tab is visible and one of our charts is on screen.
@@ -132,7 +135,7 @@
   };
 
   Source.prototype.sync = function () {
-    if (!this.wanted()) {
+    if (!this.wanted() || this.final) {
       clearTimeout(this.timer); this.timer = null;
       if (this.inflight) { this.inflight.abort(); this.inflight = null; }
       return;
@@ -155,6 +158,7 @@
                       cache: "no-store", signal: ctl.signal })
       .then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
+        if (r.status === 286) self.final = true;
         return r.json();
       })
       .then(function (data) {
@@ -493,6 +497,7 @@
       if (!best || (age != null && (best.age() == null || age < best.age()))) ages.set(el, c.source);
     });
     ages.forEach(function (src, el) {
+      if (src.final) { el.textContent = "ended: no longer refreshed"; el.classList.remove("stale"); return; }
       var age = src.age(), text;
       if (age == null) text = src.data ? "no data in this window" : "waiting for data…";
       else text = "updated " + Math.max(0, Math.round(age)) + " s ago";

@@ -62,3 +62,12 @@ def open_page(browser: Browser, live_server) -> Iterator:
         context.close()
 
 
+
+
+@pytest.fixture(autouse=True)
+def enqueued_rollouts(monkeypatch) -> list[int]:
+    """Console tests advance rollouts by calling the reconciler (``rollout.run_to_end``);
+    what would go to the broker is kept here."""
+    sent: list[int] = []
+    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    return sent
