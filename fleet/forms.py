@@ -8,9 +8,9 @@ from typing import Any
 
 from django import forms
 
-from fleet import tokens
+from fleet import tokens, webhooks
 from fleet.errors import DomainError
-from fleet.models import Membership, Tenant
+from fleet.models import Membership, Tenant, Webhook
 
 
 class DomainForm(forms.Form):
@@ -71,4 +71,33 @@ class TokenForm(DomainForm):
         data = self.cleaned_data
         return tokens.issue(
             self.actor, self.tenants[data["tenant"]], data["name"], data["role"], data["expires_at"]
+        )
+
+
+class WebhookForm(DomainForm):
+    """Make a webhook in one of the actor's tenants (``fleet.webhooks.create_webhook``)."""
+
+    tenant = forms.ChoiceField(
+        error_messages={"invalid_choice": "not one of your tenants", "required": "choose a tenant"}
+    )
+    name = forms.CharField(
+        max_length=100, error_messages={"required": "give the webhook a name, e.g. ops-slack"}
+    )
+    url = forms.CharField(max_length=2000, error_messages={"required": "give the URL to POST to"})
+    events = forms.MultipleChoiceField(
+        choices=list(webhooks.EVENTS.items()), required=False,
+        error_messages={"invalid_choice": "unknown event %(value)s"},
+    )
+    format = forms.ChoiceField(choices=Webhook.Format.choices, initial=Webhook.Format.JSON)
+
+    def __init__(self, *args: Any, actor: Any, **kwargs: Any) -> None:
+        super().__init__(*args, actor=actor, **kwargs)
+        self.tenants = {t.slug: t for t in Tenant.objects.visible_to(actor)}
+        self.fields["tenant"].choices = [(slug, t.name) for slug, t in self.tenants.items()]
+
+    def perform(self) -> webhooks.CreatedWebhook:
+        data = self.cleaned_data
+        return webhooks.create_webhook(
+            self.actor, self.tenants[data["tenant"]], name=data["name"], url=data["url"],
+            events=data["events"], format=data["format"],
         )

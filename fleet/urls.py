@@ -13,4 +13,10 @@ urlpatterns = [
     path("tokens/", views.token_list, name="tokens"),
     path("tokens/new/", views.token_create, name="token-create"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("webhooks/", views.webhook_list, name="webhooks"),
+    path("webhooks/new/", views.webhook_create, name="webhook-create"),
+    path("webhooks/<int:pk>/", views.webhook_detail, name="webhook"),
+    path("webhooks/<int:pk>/test/", views.webhook_test, name="webhook-test"),
+    path("webhooks/<int:pk>/toggle/", views.webhook_toggle, name="webhook-toggle"),
+    path("webhooks/<int:pk>/delete/", views.webhook_delete, name="webhook-delete"),
 ]

@@ -29,7 +29,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from fleet import health
 from fleet.adapters.base import ServerProbe
-from fleet.models import APIToken, AuditEvent, InferenceServer, Membership
+from fleet.models import APIToken, AuditEvent, InferenceServer, Membership, Webhook, WebhookDelivery
 from rollouts import approvals
 from rollouts.forms import VersionActionForm
 from rollouts.models import Deployment, ModelLoad, ModelVersion, Route
@@ -191,6 +191,20 @@ PAGES: list[Page] = [
          done=lambda w, p: APIToken.objects.filter(tenant=w.tenant_a, name="deploy-bot").exists()),
     Page("fleet:token-revoke", "token_a", method="POST", role=Role.ADMIN, ok=(302,),
          data=reason("leaked"), done=lambda w, p: fresh(w.token_a).state == "revoked"),
+    # Webhooks, like tokens, are their tenant's admins' to see and manage.
+    Page("fleet:webhooks", scope="list", rows=("hook-a", "hook-b"), rows_role=Role.ADMIN,
+         setup=("webhook_a", "webhook_b")),
+    Page("fleet:webhook-create", method="POST", role=Role.ADMIN, ok=(200,), foreign="tenant",
+         data=lambda w: {"tenant": w.tenant_a.slug, "name": "ops", "url": "http://127.0.0.1:9/",
+                         "format": "json", "events": ["rollout.rolled_back"]},
+         done=lambda w, p: Webhook.objects.filter(tenant=w.tenant_a, name="ops").exists()),
+    Page("fleet:webhook", "webhook_a", role=Role.ADMIN),
+    Page("fleet:webhook-test", "webhook_a", method="POST", role=Role.ADMIN, ok=(302,),
+         done=lambda w, p: WebhookDelivery.objects.filter(webhook=w.webhook_a, event="ping").exists()),
+    Page("fleet:webhook-toggle", "webhook_a", method="POST", role=Role.ADMIN, ok=(302,),
+         done=lambda w, p: fresh(w.webhook_a).active is False),
+    Page("fleet:webhook-delete", "webhook_a", method="POST", role=Role.ADMIN, ok=(302,),
+         done=lambda w, p: gone(w.webhook_a)),
     # --- registry
     Page("rollouts:models", scope="list", rows=("model-a", "model-b"), setup=("model_a", "model_b")),
     Page("rollouts:models", scope="list", htmx=True, rows=("model-a", "model-b"),
@@ -281,6 +295,8 @@ def state(world: World) -> tuple[Any, ...]:
         list(APIToken.objects.order_by("pk").values_list("pk", "revoked_at")),
         list(Deployment.objects.order_by("pk").values_list("pk", "archived_at")),
         list(InferenceServer.objects.order_by("pk").values_list("pk", "last_checked_at")),
+        list(Webhook.objects.order_by("pk").values_list("pk", "active")),
+        WebhookDelivery.objects.count(),
     )
 
 
