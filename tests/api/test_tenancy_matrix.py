@@ -23,10 +23,9 @@ from django.db import models
 from django.urls import get_resolver
 from rest_framework.test import APIClient
 
-from fleet import health, tokens
+from fleet import health, tokens, webhooks
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
-from fleet import webhooks
 from fleet.models import (
     GPU,
     APIToken,
