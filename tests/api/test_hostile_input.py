@@ -20,12 +20,13 @@ from rest_framework.test import APIClient
 
 from console import parsers
 from fleet import audit
-from fleet.models import AuditEvent, Quota
-from rollouts import registry
-from rollouts.models import Model, ModelVersion
+from fleet.models import AuditEvent, Cluster, Quota
+from rollouts import registry, rollout
+from rollouts.models import Model, ModelLoad, ModelVersion, Rollout
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
+    InferenceServerFactory,
     ModelFactory,
     ModelVersionFactory,
     QuotaFactory,
@@ -105,6 +106,7 @@ def test_json_nested_a_thousand_deep_in_triton_config_is_a_400_naming_the_path(d
         ("/api/v1/loads/", "post", "servers"),
         ("/api/v1/aliases/", "post", "reason"),
         ("/api/v1/quotas/", "post", "units"),
+        ("/api/v1/rollouts/", "post", "steps"),
     ],
 )
 def test_deep_json_is_a_400_on_every_endpoint_that_takes_a_body(alice, root, url, method, field):
@@ -225,6 +227,10 @@ NUL_WRITES = [
     ("post", "/api/v1/versions/", {"git_sha": "\x00"}, "git_sha"),
     ("post", "/api/v1/loads/", {"deployment": "{deployment}", "alias": "\x00"}, "alias"),
     ("post", "/api/v1/aliases/", {"model": "{model}", "name": "\x00", "version": 1}, "name"),
+    ("post", "/api/v1/rollouts/", {"deployment": "{deployment}", "version": 2, "reason": "\x00"}, "reason"),
+    ("post", "/api/v1/rollouts/", {"deployment": "{deployment}", "version": 2, "alias": "p\x00"}, "alias"),
+    ("post", "/api/v1/rollouts/", {"deployment": "d\x00", "version": 2}, "deployment"),
+    ("post", "/api/v1/rollouts/", {"deployment": "{deployment}", "steps": [{"set_weight\x00": 5}]}, "steps"),
 ]
 
 
@@ -604,3 +610,129 @@ def test_the_console_audit_log_names_a_date_it_cannot_read(alice, tenant_a, valu
 
     assert page.status_code == 400
     assert b"since:" in page.content
+
+
+# --- rollout requests ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rollable(tenant_a):
+    """A deployment a rollout can be asked for: a local cluster (it has a traffic router), v1
+    ready on its server, v2 registered. Refusals past the body's shape come from the domain."""
+    cluster = ClusterFactory(name="local-routed", kind=Cluster.Kind.LOCAL)
+    server = InferenceServerFactory(cluster=cluster, name="triton-1")
+    model = ModelFactory(tenant=tenant_a, name="scorer")
+    v1 = ModelVersionFactory(model=model, version=1)
+    ModelVersionFactory(model=model, version=2)
+    deployment = DeploymentFactory(model=model, cluster=cluster, name="scorer")
+    deployment.servers.set([server])
+    ModelLoad.objects.create(tenant=tenant_a, deployment=deployment, server=server, version=v1,
+                             state=ModelLoad.State.READY, requested_by_label="seed")
+    return deployment
+
+
+@pytest.fixture
+def no_broker(monkeypatch):
+    sent: list[int] = []
+    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    return sent
+
+
+HUGE_FLOAT = "<1e400>"  # sent as the JSON number 1e400, which Python's json cannot write
+ROLLOUT_BODIES = [
+    # (what is added to {"deployment": <rollable>, "version": 2}, field, words)
+    ({"version": 10**30}, "version", ["out of range"]),
+    ({"version": 2**63}, "version", ["less than or equal to"]),
+    ({"version": HUGE_FLOAT}, "version", ["out of range"]),
+    ({"version": "two"}, "version", ["valid integer"]),
+    ({"version": True}, "version", ["valid integer"]),
+    ({"version": 2.5}, "version", ["valid integer"]),
+    ({"baseline": -1}, "baseline", ["greater than or equal to 1"]),
+    ({"deployment": {"id": 1}}, "deployment", ["give the deployment's id"]),
+    ({"deployment": 2**63 - 1}, "deployment", ["no deployment with id"]),
+    ({"deployment": [1]}, "deployment", ["give the deployment's id"]),
+    ({"strategy": ["canary"]}, "strategy", []),
+    ({"steps": "5,25,50"}, "steps", ["must be a non-empty list of steps"]),
+    ({"steps": [None]}, "steps", ["steps[0]: a step is an object"]),
+    ({"steps": [{"set_weight": "5"}]}, "steps", ["steps[0]: set_weight is an integer"]),
+    ({"steps": [{"set_weight": True}]}, "steps", ["steps[0]: set_weight is an integer"]),
+    ({"steps": [{"set_weight": 5.5}]}, "steps", ["steps[0]: set_weight is an integer"]),
+    ({"steps": [{"set_weight": 1e300}]}, "steps", ["steps[0]: set_weight is an integer"]),
+    ({"steps": [{"set_weight": 10**30}]}, "steps", ["steps[0].set_weight: the number", "out of range"]),
+    ({"steps": [{"set_weight": 5, "pause": {}}]}, "steps", ["steps[0]: a step is an object"]),
+    ({"steps": [{"pause": {"seconds": True}}]}, "steps", ["steps[0]: pause seconds"]),
+    ({"steps": [{"pause": {"seconds": 1e308}}]}, "steps", ["steps[0]: pause seconds"]),
+    ({"steps": [{"pause": None}]}, "steps", ["steps[0]: pause is {}"]),
+    ({"steps": [{"approval": {"by": "erin"}}]}, "steps", ["steps[0]: approval takes no settings"]),
+    ({"steps": [{"set_weight": 5}] * 101}, "steps", ["at most 100 steps"]),
+    ({"analysis": "strict"}, "analysis", ["must be an object of analysis settings"]),
+    ({"analysis": {"alpha": "0.05"}}, "analysis", ["analysis.alpha: must be a number"]),
+    ({"analysis": {"alpha": None}}, "analysis", ["analysis.alpha: must be a number"]),
+    ({"analysis": {"planned_samples": 2**62}}, "analysis", ["analysis.planned_samples: must be an integer"]),
+    ({"analysis": {"min_samples": 10.5}}, "analysis", ["analysis.min_samples: must be an integer"]),
+    ({"analysis": {"alpha": HUGE_FLOAT}}, "analysis", ["analysis.alpha: the number", "out of range"]),
+    ({"analysis": {"x" * 10_000: 1}}, "analysis", ["unknown setting 'xxxx"]),
+    ({"variants": "1:50,2:50", "strategy": "ab"}, "variants", ["Expected a list"]),
+    ({"variants": [{"version": 1, "weight": 50}, "v2"], "strategy": "ab"}, "variants", []),
+    ({"duration_s": -5}, "duration_s", ["greater than or equal to 1"]),
+    ({"duration_s": 10**19}, "duration_s", ["less than or equal to"]),
+    ({"sample_size": "lots"}, "sample_size", ["valid integer"]),
+    ({"promote": "maybe"}, "promote", ["valid boolean"]),
+    ({"require_approval": {"yes": True}}, "require_approval", ["valid boolean"]),
+    ({"servers": "triton-1"}, "servers", ["Expected a list"]),
+    ({"servers": ["t" * 65]}, "servers", []),
+    ({"servers": [None]}, "servers", []),
+    ({"alias": "a" * 65}, "alias", ["no more than 64"]),
+    ({"alias": ["production"]}, "alias", []),
+    ({"sticky_header": "X-" + "a" * 100}, "sticky_header", []),
+    ({"reason": {"text": "why"}}, "reason", ["Not a valid string"]),
+    ({"reason": "x" * 100_000}, "reason", ["no more than 2000"]),
+    ({"unknown": 1}, "unknown", ["unknown field"]),
+]
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), ROLLOUT_BODIES,
+                         ids=[f"{f}-{i}" for i, (_, f, _) in enumerate(ROLLOUT_BODIES)])
+def test_a_hostile_rollout_request_is_a_400_naming_the_field(dave, rollable, no_broker, extra,
+                                                             field, words):
+    body = json.dumps({"deployment": rollable.pk, "version": 2, **extra})
+    body = body.replace(f'"{HUGE_FLOAT}"', "1e400")
+
+    response = post_json(client_of(dave), "/api/v1/rollouts/", body)
+
+    assert_refused(response, field, *words)
+    assert not Rollout.objects.exists()
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('{"deployment": 1, "version": 2, "steps": ' + nested(1000) + "}", "steps"),
+    ('{"deployment": 1, "version": 2, "analysis": {"alpha": ' + nested(100) + "}}", "analysis"),
+    ('{"deployment": 1, "version": 2, "reason": "a\\u0000b"}', "reason"),
+    ('{"deployment": 1, "version": 2, "steps": [{"pause\\u0000": {}}]}', "steps"),
+    ('{"deployment": 1, "version": 2, "sticky_header": "X-\\u0000"}', "sticky_header"),
+    ('{"deployment": 1, "version": 2, "servers": ["\\u0000"]}', "servers"),
+    ('{"deployment": "\\u0000", "version": 2}', "deployment"),
+    ('{"deployment": 1, "version": 2, "duration_s": NaN}', "detail"),
+])
+def test_deep_nul_and_non_finite_rollout_bodies_are_refused_by_the_parser(dave, text, field):
+    response = post_json(client_of(dave), "/api/v1/rollouts/", text)
+
+    assert response.status_code == 400, response.content
+    assert list(response.json()) == [field], response.json()
+
+
+def test_a_hostile_idempotency_key_or_action_body_is_a_400(dave, rollable, no_broker):
+    client = client_of(dave)
+    long_key = client.post("/api/v1/rollouts/", {"deployment": rollable.pk, "version": 2},
+                           format="json", HTTP_IDEMPOTENCY_KEY="k" * 5000)
+    nul_key = client.post("/api/v1/rollouts/", {"deployment": rollable.pk, "version": 2},
+                          format="json", HTTP_IDEMPOTENCY_KEY="k\x00")
+    made, _ = rollout.create_rollout(dave, rollable, version=2)
+    as_list = client.post(f"/api/v1/rollouts/{made.pk}/abort/", {"reason": ["no"]}, format="json")
+    with_nul = post_json(client, f"/api/v1/rollouts/{made.pk}/pause/", '{"reason": "\\u0000"}')
+
+    assert_refused(long_key, "idempotency_key", "at most 200 characters")
+    assert_refused(nul_key, "header Idempotency-Key", "NUL characters are not allowed")
+    assert_refused(as_list, "reason", "Not a valid string")
+    assert_refused(with_nul, "reason", "NUL characters are not allowed")
+    assert Rollout.objects.get(pk=made.pk).requested_action == ""
