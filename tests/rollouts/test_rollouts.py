@@ -20,7 +20,15 @@ import pytest
 from fleet.models import InferenceServer
 from rollouts import rollout as rollouts
 from rollouts import samples
-from rollouts.models import Alias, ModelLoad, Rollout, RolloutAnalysis, Route
+from rollouts.models import (
+    Alias,
+    ModelLoad,
+    Rollout,
+    RolloutAnalysis,
+    RolloutEvent,
+    Route,
+    RouteRevision,
+)
 from tests.fixtures.samples import CollectorProcess
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
@@ -186,3 +194,132 @@ def test_a_canary_whose_server_stops_answering_is_rolled_back_within_seconds(sta
     assert "unreachable" in ended.reason
     assert Route.objects.get(pk=world.deployment.pk).version_weights.get(1) == 100
     assert took < 10
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers of the tests below
+# --------------------------------------------------------------------------------------------
+
+
+def weights_now(world) -> dict[int, int]:
+    """The weights by version of the route in force (what nginx was given)."""
+    return Route.objects.get(pk=world.deployment.pk).version_weights
+
+
+def revisions_of(world, weights: dict[int, int]) -> int:
+    """How many applied route revisions put exactly ``weights`` (by version) in force."""
+    wanted = {str(n): w for n, w in weights.items()}
+    found = RouteRevision.objects.filter(route_id=world.deployment.pk,
+                                         result=RouteRevision.Result.APPLIED)
+    return sum(1 for r in found if {k: v for k, v in r.weights.items() if v} == wanted)
+
+
+def variants_answering(world, requests: int = 20, headers: dict | None = None) -> dict[str, int]:
+    """Send ``requests`` through the route; the X-Switchyard-Variant of the answers, counted
+    (every answer must be a 200)."""
+    seen: dict[str, int] = {}
+    with httpx.Client(base_url=world.route_url, timeout=5) as client:
+        for _ in range(requests):
+            answer = client.post(f"/v2/models/{world.model.name}/infer", json=INFER,
+                                 headers=headers or {})
+            assert answer.status_code == 200, answer.text
+            name = answer.headers["x-switchyard-variant"]
+            seen[name] = seen.get(name, 0) + 1
+    return seen
+
+
+def messages(rollout: Rollout, kind: str | None = None) -> list[str]:
+    events = RolloutEvent.objects.filter(rollout=rollout).order_by("created_at", "id")
+    return [e.message for e in events if kind is None or e.kind == kind]
+
+
+def wait_until(rollout_id: int, until, *, limit_s: float = 60) -> Rollout:
+    """run_to_end with a time limit: ticks (loads included) until ``until`` says so."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        found = rollouts.run_to_end(rollout_id, max_ticks=40, tick_s=0.1, until=until)
+        if until(found) or found.state in Rollout.FINAL or time.monotonic() > deadline:
+            return found
+
+
+# --------------------------------------------------------------------------------------------
+# A/B splits
+# --------------------------------------------------------------------------------------------
+
+
+def run_ab(world, version: int, *, sample_size: int = 150, **extra) -> Rollout:
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, strategy=Rollout.Strategy.AB,
+        variants=[{"version": 1, "weight": 50}, {"version": version, "weight": 50}],
+        sample_size=sample_size, promote=False, **extra,
+    )
+    with Traffic(world.route_url, world.model.name, clients=4, limit_s=90):
+        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason, ended.waiting_for)
+    return ended
+
+
+def test_an_ab_split_of_two_equal_versions_finds_no_difference_and_goes_back(stack):
+    """Two versions sleeping the same 4 ms: every variant's difference is "none", the summary
+    says so, and the traffic goes back to the reference. The verdict's intervals are 95%
+    ones (p50 and p95), so two truly equal versions show a "difference" about one split in
+    ten by chance: a second split is run then, and must say "no difference" (both wrong by
+    chance: about 1 in 100). A verdict that says "worse"/"better" for equal versions every
+    time still fails."""
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    for attempt in range(2):
+        ended = run_ab(world, 2)
+        verdict = ended.verdict
+        assert verdict["reference"] == 1
+        assert verdict["samples"]["1"] >= 150 and verdict["samples"]["2"] >= 150, verdict
+        if all(v["difference"] == "none" for v in verdict["variants"]):
+            break
+    assert all(v["difference"] == "none" for v in verdict["variants"]), verdict
+    assert verdict["summary"].startswith("no difference"), verdict["summary"]
+    assert verdict["winner"] is None
+    assert ended.reason.startswith("no difference")
+    assert weights_now(world) == {1: 100, 2: 0}
+    assert set(variants_answering(world, 10)) == {"v1-triton"}
+    assert ended.events.filter(kind="analysis", message__startswith="verdict: no difference").exists()
+
+
+def test_an_ab_split_with_a_real_difference_names_the_slower_version_worse(stack):
+    """v2 sleeps 8 ms, v1 (the reference) 4 ms: v2 is "worse", its p50 difference interval
+    lies above zero (it excludes it), and no winner is promoted."""
+    world = stack
+    world.version(2, config=slow_config(2, 8))
+    ended = run_ab(world, 2, sample_size=100)
+    (row,) = ended.verdict["variants"]
+    assert row["version"] == 2 and row["difference"] == "worse", row
+    assert row["p50_diff_ms"]["low"] > 0, row["p50_diff_ms"]
+    # At least the 4 ms it sleeps longer (more with the queueing behind its one instance).
+    assert row["p50_diff_ms"]["estimate"] >= 3, row["p50_diff_ms"]
+    assert ended.verdict["summary"] == "v2 worse than v1"
+    assert ended.verdict["winner"] is None
+    assert weights_now(world) == {1: 100, 2: 0}
+
+
+def test_a_sticky_ab_split_keeps_each_key_on_one_variant(stack):
+    """With sticky_header, requests carrying one key always reach the same variant (the
+    X-Switchyard-Variant nginx answers with), while the keys spread over both variants."""
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, strategy=Rollout.Strategy.AB,
+        variants=[{"version": 1, "weight": 50}, {"version": 2, "weight": 50}],
+        duration_s=2, promote=False, sticky_header="X-User",
+    )
+    split = wait_until(made.pk, lambda r: bool(r.weights))
+    assert split.state == State.PROGRESSING and split.weights == {"1": 50, "2": 50}, split.reason
+    route = Route.objects.get(pk=world.deployment.pk)
+    assert route.policy == "sticky" and route.sticky_header == "X-User"
+
+    by_key = {f"user-{i}": variants_answering(world, 6, {"X-User": f"user-{i}"}) for i in range(16)}
+
+    assert all(len(seen) == 1 for seen in by_key.values()), by_key
+    reached = {name for seen in by_key.values() for name in seen}
+    assert reached == {"v1-triton", "v2-triton"}, by_key  # 16 keys, 50/50: both (1 in 32768)
+    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+    assert ended.state == State.SUCCEEDED, ended.reason
+    assert weights_now(world) == {1: 100, 2: 0}
