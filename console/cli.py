@@ -1,0 +1,337 @@
+"""``switchyard``: the command line for CI pipelines, over the REST API (standard library only).
+
+    switchyard rollout start --deployment ID --version N [--steps JSON] [--analysis JSON]
+                             [--idempotency-key K] [--wait [--timeout S]]
+    switchyard rollout status ID
+    switchyard rollout wait ID [--timeout S] [--stop-when-waiting]
+    switchyard rollout pause|resume|promote|abort ID [--reason TEXT]
+
+The token comes from ``SWITCHYARD_TOKEN`` and the server from ``SWITCHYARD_URL`` (default
+http://127.0.0.1:8000). ``wait`` (and ``start --wait``) polls every second, prints each change
+of state, step and weights, and exits by how the rollout ended: 0 succeeded, 2 rolled back,
+3 failed, 4 aborted, 5 still running at the timeout (or, with ``--stop-when-waiting``,
+waiting for a person); 1 for a usage or HTTP error. On anything but success the reason is
+printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+POLL_S = 1.0
+DEFAULT_TIMEOUT_S = 3600.0
+REQUEST_TIMEOUT_S = 30.0
+
+OK, ERROR, ROLLED_BACK, FAILED, ABORTED, WAITING = 0, 1, 2, 3, 4, 5
+EXIT_CODES = {"succeeded": OK, "rolled_back": ROLLED_BACK, "failed": FAILED, "aborted": ABORTED}
+PEOPLE_STATES = ("paused", "pending_approval")
+
+
+def say(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def warn(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+class Refused(Exception):
+    """The server answered an error (``status``), or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        return self.status == 0 or self.status == 429 or self.status >= 500
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status}: {self.message}" if self.status else self.message
+
+
+def describe_error(raw: bytes) -> str:
+    """The API's error body in one line: ``detail``, or ``field: message`` per field."""
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError:
+        return raw.decode("utf-8", "replace").strip()[:500] or "no answer body"
+    if not isinstance(body, dict):
+        return json.dumps(body)[:500]
+    if "detail" in body and len(body) == 1:
+        detail = body["detail"]
+        return detail if isinstance(detail, str) else json.dumps(detail)
+    parts = []
+    for field, messages in body.items():
+        if isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+            parts.append(f"{field}: {' '.join(messages)}")
+        else:
+            parts.append(f"{field}: {json.dumps(messages)}")
+    return "; ".join(parts)
+
+
+class Client:
+    """The API at ``base_url``, authenticated with a tenant token."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+
+    def call(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"{self.base_url}/api/v1/{path.lstrip('/')}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json",
+                     "Content-Type": "application/json", "User-Agent": "switchyard-cli",
+                     **(headers or {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise Refused(exc.code, describe_error(exc.read())) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Refused(0, f"cannot reach {self.base_url}: {reason}") from None
+
+    def rollout(self, rollout_id: int) -> dict[str, Any]:
+        return self.call("GET", f"rollouts/{rollout_id}/")[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Showing a rollout
+# --------------------------------------------------------------------------------------------
+
+
+def step_text(step: dict[str, Any]) -> str:
+    kind, value = next(iter(step.items()))
+    if kind == "set_weight":
+        return f"set weight {value}%"
+    if kind == "pause":
+        seconds = (value or {}).get("seconds")
+        return f"pause {seconds:g}s" if seconds else "pause until resumed"
+    return kind
+
+
+def weights_text(weights: dict[str, int]) -> str:
+    return ", ".join(f"v{version} {weight}%" for version, weight in sorted(
+        weights.items(), key=lambda item: int(item[0])))
+
+
+def summary(row: dict[str, Any]) -> str:
+    """One line: state, step and weights, and what it waits for."""
+    text = f"rollout {row['id']}: {row['state']}"
+    steps = row.get("steps") or []
+    current = next((s for s in steps if s.get("current")), None)
+    if current is not None:
+        text += f", step {current['index'] + 1}/{len(steps)} ({step_text(current['step'])})"
+    if row.get("weights"):
+        text += f", weights {weights_text(row['weights'])}"
+    if row.get("requested_action"):
+        text += f", {row['requested_action']} asked for"
+    if row.get("waiting_for"):
+        text += f"; waiting for {row['waiting_for']}"
+    return text
+
+
+def what_is_rolled_out(row: dict[str, Any]) -> str:
+    if row["strategy"] == "canary":
+        return f"canary of v{row['candidate']} against v{row['baseline']}"
+    return "A/B split " + " / ".join(f"v{v['version']} {v['weight']}%" for v in row["variants"])
+
+
+def waits_for_a_person(row: dict[str, Any]) -> bool:
+    return row["state"] in PEOPLE_STATES and not row.get("requested_action")
+
+
+def ended(row: dict[str, Any]) -> int:
+    """The exit code of a rollout that ended, with its last line printed."""
+    code = EXIT_CODES[row["state"]]
+    reason = row.get("reason") or ""
+    say(f"rollout {row['id']} {row['state'].replace('_', ' ')}" + (f": {reason}" if reason else ""))
+    return code
+
+
+def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: bool = False,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll the rollout every second until it ends (or the timeout); print each change."""
+    deadline = time.monotonic() + timeout
+    shown = ""
+    unreachable = False
+    while True:
+        try:
+            row = client.rollout(rollout_id)
+        except Refused as exc:
+            if not exc.transient:
+                raise
+            if not unreachable:
+                warn(f"{exc}; trying again")
+            unreachable = True
+        else:
+            unreachable = False
+            line = summary(row)
+            if line != shown:
+                say(line)
+                shown = line
+            if row["state"] in EXIT_CODES:
+                return ended(row)
+            if stop_when_waiting and waits_for_a_person(row):
+                say(f"rollout {rollout_id} waits for a person: {row.get('waiting_for') or row['state']}")
+                return WAITING
+        if time.monotonic() >= deadline:
+            say(f"timed out after {timeout:g}s: {shown or f'rollout {rollout_id} not read'}")
+            return WAITING
+        sleep(POLL_S)
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def json_arg(name: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{name} is not valid JSON: {exc}") from None
+    return parse
+
+
+def cmd_start(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"deployment": args.deployment, "strategy": args.strategy}
+    for key in ("version", "baseline", "steps", "analysis", "variants", "duration_s",
+                "sample_size", "reason"):
+        value = getattr(args, key)
+        if value is not None:
+            body[key] = value
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+    status, row = client.call("POST", "rollouts/", body, headers)
+    made = "requested" if status == 201 else "already requested with this Idempotency-Key"
+    if not args.wait:
+        warn(f"rollout {row['id']} {made}: {what_is_rolled_out(row)}, {row['state']}")
+        say(str(row["id"]))
+        return OK
+    say(f"rollout {row['id']} {made}: {what_is_rolled_out(row)}")
+    return wait(client, row["id"], args.timeout, args.stop_when_waiting)
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    row = client.rollout(args.id)
+    if args.json:
+        say(json.dumps(row, indent=2))
+        return OK
+    say(f"rollout {row['id']} of {row['deployment_name']}: {what_is_rolled_out(row)}, "
+        f"requested by {row['requested_by_label']}")
+    say(summary(row))
+    if row.get("reason"):
+        say(f"reason: {row['reason']}")
+    return OK
+
+
+def cmd_wait(client: Client, args: argparse.Namespace) -> int:
+    return wait(client, args.id, args.timeout, args.stop_when_waiting)
+
+
+def cmd_action(client: Client, args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if args.reason else {}
+    _status, row = client.call("POST", f"rollouts/{args.id}/{args.action}/", body)
+    say(f"{args.action} asked for; {summary(row)}")
+    return OK
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 1: 2 means a rollout rolled back."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        warn(f"{self.prog}: error: {message}")
+        raise SystemExit(ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="switchyard", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    groups = parser.add_subparsers(dest="group", required=True, parser_class=Parser)
+    rollout = groups.add_parser("rollout", help="start, watch and steer rollouts")
+    commands = rollout.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def waiting(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                         help="seconds to wait before exiting 5 (default 3600)")
+        sub.add_argument("--stop-when-waiting", action="store_true",
+                         help="exit 5 as soon as the rollout waits for a person (an approval, "
+                              "a pause until resumed, an inconclusive analysis)")
+
+    start = commands.add_parser("start", help="ask for a rollout (prints its id)")
+    start.add_argument("--deployment", required=True, help="deployment id or name")
+    start.add_argument("--version", type=int, help="canary: the candidate's version number")
+    start.add_argument("--baseline", type=int, help="canary: the stable version")
+    start.add_argument("--strategy", choices=["canary", "ab"], default="canary")
+    start.add_argument("--steps", type=json_arg("--steps"),
+                       help='JSON list, e.g. \'[{"set_weight": 10}, {"analysis": {}}]\'')
+    start.add_argument("--analysis", type=json_arg("--analysis"),
+                       help='JSON object, e.g. \'{"planned_samples": 2000}\'')
+    start.add_argument("--variants", type=json_arg("--variants"),
+                       help='A/B: JSON list, e.g. \'[{"version": 1, "weight": 50}, ...]\'')
+    start.add_argument("--duration-s", dest="duration_s", type=int, help="A/B: seconds")
+    start.add_argument("--sample-size", dest="sample_size", type=int,
+                       help="A/B: requests per variant")
+    start.add_argument("--reason")
+    start.add_argument("--idempotency-key", help="the same key replays the first request")
+    start.add_argument("--wait", action="store_true", help="then wait until it ends")
+    waiting(start)
+    start.set_defaults(run=cmd_start)
+
+    status = commands.add_parser("status", help="show a rollout")
+    status.add_argument("id", type=int)
+    status.add_argument("--json", action="store_true", help="the API's full answer")
+    status.set_defaults(run=cmd_status)
+
+    wait_cmd = commands.add_parser("wait", help="wait until a rollout ends; exit by its end")
+    wait_cmd.add_argument("id", type=int)
+    waiting(wait_cmd)
+    wait_cmd.set_defaults(run=cmd_wait)
+
+    for name, text in (("pause", "pause a progressing canary"), ("resume", "resume it"),
+                       ("promote", "promote the canary now"),
+                       ("abort", "send all traffic back to the baseline")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("id", type=int)
+        sub.add_argument("--reason")
+        sub.set_defaults(run=cmd_action, action=name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    token = os.environ.get("SWITCHYARD_TOKEN", "").strip()
+    if not token:
+        warn("switchyard: set SWITCHYARD_TOKEN to a tenant API token")
+        return ERROR
+    client = Client(os.environ.get("SWITCHYARD_URL", "").strip() or DEFAULT_URL, token)
+    try:
+        return args.run(client, args)
+    except Refused as exc:
+        warn(f"switchyard: {exc}")
+        return ERROR
+    except KeyboardInterrupt:
+        warn("switchyard: interrupted")
+        return ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""``switchyard`` (console/cli.py) against a live server with a real tenant token.
+
+Rollouts are asked for through the API and moved on by calling the domain (the reconciler's
+``advance``, or the row's end written as the reconciler would) while the CLI polls; the exit
+codes and the printed reasons are what a CI job sees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from console import cli
+from fleet import tokens
+from fleet.models import Cluster, Membership
+from rollouts import rollout
+from rollouts.models import ModelLoad, ModelVersion, Rollout
+from tests.factories import (
+    ClusterFactory,
+    DeploymentFactory,
+    InferenceServerFactory,
+    ModelFactory,
+    ModelVersionFactory,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def enqueued_rollouts(monkeypatch):
+    """The live server runs in this process: what it would send to the broker is kept here."""
+    sent: list[int] = []
+    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    return sent
+
+
+@pytest.fixture
+def deployment(transactional_db, tenant_a):
+    cluster = ClusterFactory(name=f"c-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.LOCAL)
+    server = InferenceServerFactory(cluster=cluster, name="triton-a", http_url="http://127.0.0.1:9")
+    model = ModelFactory(tenant=tenant_a, name="scorer")
+    v1 = ModelVersionFactory(model=model, version=1, status=ModelVersion.Status.APPROVED)
+    for number in (2, 3):
+        ModelVersionFactory(model=model, version=number, status=ModelVersion.Status.APPROVED)
+    found = DeploymentFactory(model=model, cluster=cluster, name="scorer")
+    found.servers.set([server])
+    ModelLoad.objects.create(tenant=tenant_a, deployment=found, server=server, version=v1,
+                             state=ModelLoad.State.READY, requested_by_label="seed")
+    return found
+
+
+@pytest.fixture
+def token(alice, tenant_a) -> str:
+    return tokens.issue(alice, tenant_a, "release-pipeline", Membership.Role.DEPLOYER).secret
+
+
+@pytest.fixture
+def switchyard(live_server, token):
+    """Run the CLI as a CI job would: a separate process, the server and token from the env."""
+
+    def run(*args: str, token_value: str | None = None, **kwargs: Any):
+        env = {**os.environ, "SWITCHYARD_URL": live_server.url,
+               "SWITCHYARD_TOKEN": token if token_value is None else token_value}
+        return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60, **kwargs)
+
+    def start(*args: str) -> subprocess.Popen:
+        env = {**os.environ, "SWITCHYARD_URL": live_server.url, "SWITCHYARD_TOKEN": token}
+        return subprocess.Popen([sys.executable, "-m", "console.cli", *args], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    run.start = start
+    return run
+
+
+def started(switchyard, deployment, *args: str) -> int:
+    done = switchyard("rollout", "start", "--deployment", str(deployment.pk), "--version", "2",
+                      *args)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return int(done.stdout.strip())
+
+
+def test_start_prints_the_id_and_status_shows_the_rollout(switchyard, deployment):
+    done = switchyard("rollout", "start", "--deployment", "scorer", "--version", "2",
+                      "--steps", '[{"set_weight": 10}, {"analysis": {"alpha": 0.01}}]',
+                      "--analysis", '{"planned_samples": 500}', "--reason", "release 118")
+
+    assert done.returncode == 0, done.stderr
+    row = Rollout.objects.get(pk=int(done.stdout))
+    assert "requested: canary of v2 against v1, loading" in done.stderr
+    assert row.steps == [{"set_weight": 10}, {"analysis": {"alpha": 0.01}}]
+    assert (row.analysis, row.reason) == ({"planned_samples": 500}, "release 118")
+    assert row.requested_by_label.startswith("token:release-pipeline")
+    status = switchyard("rollout", "status", str(row.pk))
+    assert status.returncode == 0
+    assert f"rollout {row.pk} of scorer: canary of v2 against v1" in status.stdout
+    assert f"rollout {row.pk}: loading" in status.stdout
+
+
+def test_the_same_idempotency_key_gives_the_same_rollout(switchyard, deployment):
+    first = started(switchyard, deployment, "--idempotency-key", "release-118")
+    again = started(switchyard, deployment, "--idempotency-key", "release-118")
+
+    assert first == again
+    assert Rollout.objects.count() == 1
+
+
+def test_wait_prints_each_change_and_exits_4_when_aborted_with_the_reason(switchyard, deployment):
+    rollout_id = started(switchyard, deployment)
+    waiter = switchyard.start("rollout", "wait", str(rollout_id), "--timeout", "30")
+    first = waiter.stdout.readline()
+    assert first.startswith(f"rollout {rollout_id}: loading"), first
+
+    aborted = switchyard("rollout", "abort", str(rollout_id), "--reason", "wrong build")
+    assert aborted.returncode == 0, aborted.stderr
+    assert "abort asked for" in aborted.stdout
+    time.sleep(1.5)  # the waiter sees the action asked for before the tick carries it out
+    rollout.advance(rollout_id, force=True)
+    out, err = waiter.communicate(timeout=30)
+
+    assert waiter.returncode == cli.ABORTED, (first, out, err)
+    assert "loading, abort asked for" in out
+    assert out.strip().splitlines()[-1] == (
+        f"rollout {rollout_id} aborted: aborted by token:release-pipeline@tenant-a (wrong build)")
+
+
+@pytest.mark.parametrize(("state", "reason", "code"), [
+    (Rollout.State.SUCCEEDED, "v2 promoted", cli.OK),
+    (Rollout.State.ROLLED_BACK, "analysis failed at 10% to v2: p99 +40% (8 ms)", cli.ROLLED_BACK),
+    (Rollout.State.FAILED, "Switchyard failed unexpectedly while loading (RuntimeError: x)",
+     cli.FAILED),
+])
+def test_wait_exits_by_how_the_rollout_ended(switchyard, deployment, state, reason, code):
+    rollout_id = started(switchyard, deployment)
+    Rollout.objects.filter(pk=rollout_id).update(state=state, reason=reason,
+                                                 weights={"1": 100})
+
+    done = switchyard("rollout", "wait", str(rollout_id))
+
+    assert done.returncode == code, (done.stdout, done.stderr)
+    assert done.stdout.strip().splitlines()[-1] == (
+        f"rollout {rollout_id} {state.replace('_', ' ')}: {reason}")
+
+
+def test_wait_times_out_with_5_and_says_where_the_rollout_stands(switchyard, deployment):
+    rollout_id = started(switchyard, deployment)
+    Rollout.objects.filter(pk=rollout_id).update(
+        state=Rollout.State.PROGRESSING, step_index=2, started_at=Rollout.objects.get(
+            pk=rollout_id).created_at, weights={"1": 75, "2": 25})
+
+    done = switchyard("rollout", "wait", str(rollout_id), "--timeout", "1.5")
+
+    assert done.returncode == cli.WAITING
+    assert (f"rollout {rollout_id}: progressing, step 3/6 (set weight 25%), weights v1 75%, "
+            "v2 25%") in done.stdout
+    assert "timed out after 1.5s" in done.stdout
+
+
+def test_start_and_wait_stops_when_an_approver_is_needed(switchyard, deployment):
+    deployment.production = True
+    deployment.save()
+
+    done = switchyard("rollout", "start", "--deployment", str(deployment.pk), "--version", "2",
+                      "--wait", "--stop-when-waiting")
+
+    assert done.returncode == cli.WAITING, (done.stdout, done.stderr)
+    assert "waits for a person: an approver who is not the requester" in done.stdout
+
+
+def test_refusals_exit_1_with_the_servers_reason(switchyard, deployment, tenant_b):
+    first = started(switchyard, deployment)
+
+    second = switchyard("rollout", "start", "--deployment", str(deployment.pk), "--version", "3")
+    missing = switchyard("rollout", "status", "999999")
+    wrong_state = switchyard("rollout", "resume", str(first))
+    bad_token = switchyard("rollout", "status", str(first), token_value="sy_nope_nope")
+    no_token = switchyard("rollout", "status", str(first), token_value="")
+    bad_steps = switchyard("rollout", "start", "--deployment", "1", "--steps", "[5,")
+    no_id = switchyard("rollout", "wait")
+    refused = switchyard("rollout", "start", "--deployment", str(deployment.pk), "--version", "2",
+                         "--steps", '[{"set_weight": 150}]', "--idempotency-key", "other")
+
+    for done in (second, missing, wrong_state, bad_token, no_token, bad_steps, no_id, refused):
+        assert done.returncode == cli.ERROR, (done.args, done.stdout, done.stderr)
+    assert f"HTTP 409: deployment: rollout {first} is loading" in second.stderr
+    assert "HTTP 404: No Rollout matches the given query." in missing.stderr
+    assert "HTTP 409: action: " in wrong_state.stderr and "resume needs it paused" in wrong_state.stderr
+    assert "HTTP 401" in bad_token.stderr
+    assert "set SWITCHYARD_TOKEN" in no_token.stderr
+    assert "--steps is not valid JSON" in bad_steps.stderr
+    assert "required: id" in no_id.stderr
+    assert "HTTP 400: steps: steps[0]: set_weight is an integer from 0 to 100" in refused.stderr
+
+
+def test_an_unreachable_server_exits_1(monkeypatch, capsys):
+    monkeypatch.setenv("SWITCHYARD_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("SWITCHYARD_TOKEN", "sy_x_y")
+
+    code = cli.main(["rollout", "status", "1"])
+
+    assert code == cli.ERROR
+    assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_waiting_rides_out_a_server_that_is_briefly_unreachable(capsys):
+    answers: list[Any] = [cli.Refused(0, "cannot reach x: refused"), cli.Refused(502, "bad"),
+                          {"id": 7, "state": "succeeded", "reason": "v2 promoted", "steps": []}]
+
+    class Flaky(cli.Client):
+        def rollout(self, rollout_id: int) -> dict[str, Any]:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    code = cli.wait(Flaky("http://x", "t"), 7, timeout=30, sleep=lambda s: None)
+
+    out, err = capsys.readouterr()
+    assert code == cli.OK
+    assert err.count("trying again") == 1
+    assert out.strip().splitlines()[-1] == "rollout 7 succeeded: v2 promoted"
