@@ -29,10 +29,18 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from fleet import health
 from fleet.adapters.base import ServerProbe
-from fleet.models import APIToken, AuditEvent, InferenceServer, Membership, Webhook, WebhookDelivery
+from fleet.models import (
+    APIToken,
+    AuditEvent,
+    Cluster,
+    InferenceServer,
+    Membership,
+    Webhook,
+    WebhookDelivery,
+)
 from rollouts import approvals
-from rollouts.forms import VersionActionForm
-from rollouts.models import Deployment, ModelLoad, ModelVersion, Route
+from rollouts.forms import RolloutActionForm, VersionActionForm
+from rollouts.models import Deployment, ModelLoad, ModelVersion, Rollout, Route
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory
@@ -88,6 +96,53 @@ class World(ApiWorld):
         """Version 1 of model A ready on the server, so it can be unloaded."""
         ModelLoad.objects.filter(pk=self.load_a.pk).update(state=ModelLoad.State.READY)
         return fresh(self.load_a)
+
+    # --- rollouts (rows in the state each call needs; requested by dave)
+    def _rollout(self, deployment: Deployment, state: str, **fields: Any) -> Rollout:
+        version = self.version_a if deployment == self.deployment_a else self.version_b
+        candidate = ModelVersionFactory(model=deployment.model, version=4)
+        requester = self.persona("dave" if deployment == self.deployment_a else OTHER)
+        return Rollout.objects.create(**{
+            "tenant": deployment.tenant, "deployment": deployment, "state": state,
+            "baseline": version, "candidate": candidate, "servers": [self.server.name],
+            "steps": [{"set_weight": 25}, {"pause": {}}], "step_index": 1,
+            "weights": {str(version.version): 75, "4": 25}, "requested_by": requester,
+            "requested_by_label": requester.username, **fields,
+        })
+
+    @cached_property
+    def canary_a(self) -> Rollout:
+        return self._rollout(self.deployment_a, Rollout.State.PROGRESSING)
+
+    @cached_property
+    def canary_b(self) -> Rollout:
+        return self._rollout(self.deployment_b, Rollout.State.PROGRESSING)
+
+    @cached_property
+    def paused_a(self) -> Rollout:
+        return self._rollout(self.deployment_a, Rollout.State.PAUSED)
+
+    @cached_property
+    def waiting_a(self) -> Rollout:
+        """Waiting for an approver before it starts; dave asked for it."""
+        return self._rollout(self.deployment_a, Rollout.State.PENDING_APPROVAL, step_index=0,
+                             weights={}, requires_approval=True)
+
+    @cached_property
+    def rolled_back_a(self) -> Rollout:
+        return self._rollout(self.deployment_a, Rollout.State.ROLLED_BACK, weights={"1": 100})
+
+    @cached_property
+    def rolling_a(self) -> Deployment:
+        """Deployment A with a rollout in flight (its page shows it)."""
+        return self.canary_a.deployment
+
+    @cached_property
+    def startable_a(self) -> Deployment:
+        """Deployment A with version 1 ready, on a cluster that routes through nginx (nothing
+        is routed until the reconciler runs), so a rollout may be asked for."""
+        Cluster.objects.filter(pk=self.cluster.pk).update(router_kind=Cluster.RouterKind.NGINX)
+        return self.routable_a
 
 
 @pytest.fixture
@@ -255,6 +310,38 @@ PAGES: list[Page] = [
          data=reason("replaced by dep-c"), done=lambda w, p: gone(w.deployment_a)),
     Page("rollouts:load", "load_a"),
     Page("rollouts:load", "load_a", htmx=True),
+    # --- rollouts: the list, a rollout's page and live parts, its actions, the start form
+    Page("rollouts:rollouts", scope="list", rows=("dep-a", "dep-b"),
+         setup=("canary_a", "canary_b")),
+    Page("rollouts:rollouts", scope="list", htmx=True, rows=("dep-a", "dep-b"),
+         setup=("canary_a", "canary_b")),
+    Page("rollouts:rollout", "canary_a"),
+    Page("rollouts:rollout-status", "canary_a", htmx=True),
+    Page("rollouts:rollout-latency", "canary_a"),
+    Page("rollouts:rollout-action", "canary_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "pause"}, ok=(302,), data=reason("looking at the logs"),
+         done=lambda w, p: fresh(w.canary_a).requested_action == "pause"),
+    Page("rollouts:rollout-action", "paused_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "resume"}, ok=(302,), data=reason("logs are fine"),
+         done=lambda w, p: fresh(w.paused_a).requested_action == "resume"),
+    Page("rollouts:rollout-action", "canary_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "promote"}, ok=(302,), data=reason("hotfix"),
+         done=lambda w, p: fresh(w.canary_a).requested_action == "promote"),
+    Page("rollouts:rollout-action", "canary_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "abort"}, ok=(302,), data=reason("p99 regressed"),
+         done=lambda w, p: fresh(w.canary_a).requested_action == "abort"),
+    Page("rollouts:rollout-action", "waiting_a", method="POST", role=Role.APPROVER,
+         kwargs={"action": "approve"}, ok=(302,), data=reason("plan reviewed"),
+         done=lambda w, p: fresh(w.waiting_a).state == Rollout.State.LOADING),
+    Page("rollouts:rollout-action", "rolled_back_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "retry"}, ok=(302,), data=reason("config fixed"),
+         done=lambda w, p: fresh(w.rolled_back_a).attempt == 2),
+    Page("rollouts:deployment", "rolling_a", "rollout"),
+    Page("rollouts:deployment-rollout-start", "startable_a", method="POST", role=Role.DEPLOYER,
+         ok=(302,), setup=("spare_a",),
+         data=lambda w: {"strategy": "canary", "version": str(w.spare_a.version),
+                         "steps": '[{"set_weight": 50}, {"pause": {}}]'},
+         done=lambda w, p: Rollout.objects.filter(deployment=w.deployment_a).exists()),
 ]
 
 
@@ -282,6 +369,8 @@ def test_the_matrix_covers_every_console_url():
     assert covered == console_url_names()
     actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:version-action"}
     assert actions == set(VersionActionForm.ACTIONS)
+    actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:rollout-action"}
+    assert actions == set(RolloutActionForm.ACTIONS)
     ids = [page.id for page in PAGES]
     assert len(ids) == len(set(ids)), "a page is listed twice"
 
@@ -297,6 +386,8 @@ def state(world: World) -> tuple[Any, ...]:
         list(InferenceServer.objects.order_by("pk").values_list("pk", "last_checked_at")),
         list(Webhook.objects.order_by("pk").values_list("pk", "active")),
         WebhookDelivery.objects.count(),
+        list(Rollout.objects.order_by("pk").values_list("pk", "state", "requested_action",
+                                                         "attempt")),
     )
 
 
