@@ -27,6 +27,18 @@ class EventsField(serializers.ListField):
     child = serializers.CharField(max_length=64)
 
 
+@extend_schema_field({
+    "type": "string",
+    "maxLength": 2000,
+    # What fleet.webhooks.validate_url takes, stated for clients (and the schema fuzzer).
+    "pattern": r"^https?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[^\s\x00-\x1f\x7f]*)?$",
+    "description": "An http:// or https:// URL with a host, to POST the events to",
+    "example": "https://hooks.example.com/switchyard",
+})
+class URLField(serializers.CharField):
+    """The URL as typed; ``fleet.webhooks.validate_url`` says what is wrong with it."""
+
+
 class LastDeliverySerializer(serializers.ModelSerializer):
     class Meta:
         model = WebhookDelivery
@@ -35,7 +47,7 @@ class LastDeliverySerializer(serializers.ModelSerializer):
 
 class WebhookSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     tenant = TenantField(required=False)
-    url = serializers.CharField(max_length=2000, help_text="http:// or https:// URL to POST to")
+    url = URLField(max_length=2000)
     events = EventsField(required=False)
     secret_prefix = serializers.CharField(
         read_only=True, help_text="The start of the signing secret (shown in full once, on create)"
