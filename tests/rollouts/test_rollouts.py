@@ -9,6 +9,8 @@ regression the judge has to find in real latencies.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import httpx
 import pytest
 
 from fleet.models import InferenceServer
+from fleet.runtime.triton_local import TritonProcess, start_triton
 from rollouts import rollout as rollouts
 from rollouts import samples
 from rollouts.models import (
@@ -58,6 +61,39 @@ def collector(tmp_path_factory) -> Iterator[CollectorProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+class CanaryTriton:
+    """A second tritonserver of the module, for a canary on a server of its own; started
+    on first use and again after a test killed it."""
+
+    def __init__(self, runtime, base) -> None:
+        self.runtime, self.base, self.started = runtime, base, 0
+        self.proc: TritonProcess | None = None
+
+    def running(self) -> TritonProcess:
+        if self.proc is None or not self.proc.is_running():
+            self.stop()
+            self.started += 1
+            repository = self.base / f"models-{self.started}"
+            repository.mkdir()
+            self.proc = start_triton(self.runtime, repository,
+                                     log_path=self.base / f"tritonserver-{self.started}.log")
+        return self.proc
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()  # after a SIGKILL too: its stubs and shm files go
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def canary_triton(triton_runtime, tmp_path_factory) -> Iterator[CanaryTriton]:
+    holder = CanaryTriton(triton_runtime, tmp_path_factory.mktemp("canary-triton"))
+    try:
+        yield holder
+    finally:
+        holder.stop()
 
 
 @pytest.fixture
@@ -323,3 +359,76 @@ def test_a_sticky_ab_split_keeps_each_key_on_one_variant(stack):
     ended = rollouts.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert weights_now(world) == {1: 100, 2: 0}
+
+
+# --------------------------------------------------------------------------------------------
+# A canary whose server is killed
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_canary_whose_own_triton_is_killed_is_rolled_back_within_ticks(stack, canary_triton):
+    """The candidate runs on a second, real Triton of its own (the rollout's ``servers``),
+    the baseline on the first. SIGKILL of that Triton (its process group) under traffic: its requests fail
+    upstream (nginx answers 502), the watch of the next tick sees it, puts every request
+    back on the baseline with the evidence, and the baseline keeps answering 200."""
+    world = stack
+    interval = 0.5  # SWITCHYARD_ROLLOUT_INTERVAL_S of the stack
+    proc = canary_triton.running()
+    second = InferenceServer.objects.create(
+        cluster=world.cluster, node=world.node, name="triton-canary",
+        runtime=InferenceServer.Runtime.TRITON, http_url=proc.http_url,
+        model_repository=str(proc.model_repository), log_path=str(proc.log_path),
+    )
+    world.deployment.servers.add(second)  # after v1 was loaded: v1 stays on "triton" only
+    v2 = world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, servers=["triton-canary"],
+        steps=[{"set_weight": 50}, {"pause": {"seconds": 600}}], analysis_settings=quick(),
+    )
+    assert made.servers == ["triton-canary"]
+    try:
+        with Traffic(world.route_url, world.model.name, clients=4, limit_s=90) as traffic:
+            canary = wait_until(made.pk, lambda r: r.step_index == 1)
+            assert canary.state == State.PROGRESSING, (canary.state, canary.reason)
+            assert weights_now(world) == {1: 50, 2: 50}
+            route = Route.objects.get(pk=world.deployment.pk)
+            assert {m["server"] for m in route.variants.values() if m["version"] == 2} == {"triton-canary"}
+            assert {m["server"] for m in route.variants.values() if m["version"] == 1} == {"triton"}
+            time.sleep(1.0)  # both answer for a while
+            before_kill = dict(traffic.statuses)
+            assert before_kill.get(200, 0) > 20 and set(before_kill) == {200}, before_kill
+
+            # The server and its Python backend stubs (its process group) die at once, as
+            # in a crash of its host.
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed_at = time.time()
+            ended = rollouts.run_to_end(made.pk, max_ticks=120, tick_s=interval)
+            took = ended.finished_at.timestamp() - killed_at
+
+            # After the rollback: only the baseline answers, and every answer is a 200.
+            time.sleep(0.5)
+            after = dict(traffic.statuses)
+            time.sleep(1.5)
+            final = dict(traffic.statuses)
+        assert not proc.is_running()
+        assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+        assert "v2's server did not answer" in ended.reason, ended.reason
+        rollback = ended.events.get(kind="rollback")
+        health = rollback.data["health"]
+        assert health["upstream_failures"] >= rollouts.UPSTREAM_MIN, health
+        assert health["upstream_failures"] >= rollouts.UPSTREAM_SHARE * health["requests"], health
+        assert 502 in health["statuses"], health
+        assert weights_now(world) == {1: 100, 2: 0}
+        # The bound: the failures are seen by the first tick after UPSTREAM_MIN of them have
+        # come (under 4 clients at 50%: well under a tick), so at most two ticks, plus the
+        # tick's own work (the way back is an nginx reload, ~1 s), plus 5 s of slack for a
+        # loaded 2-core machine shared with other test runs: 2 * 0.5 + 1 + 5 = 7 s.
+        assert took < 2 * interval + 6, f"rolled back {took:.2f} s after the kill"
+        gained = {code: final.get(code, 0) - after.get(code, 0) for code in final}
+        assert gained.get(200, 0) > 20 and {c for c, n in gained.items() if n} == {200}, gained
+        assert set(variants_answering(world, 10)) == {"v1-triton"}
+    finally:
+        # The unload of v2 asked for by the rollback cannot reach the dead server.
+        rollouts.loads.forget_server_state(second, "the test killed its Triton")
+        world.deployment.servers.remove(second)
+        assert ModelLoad.objects.filter(version=v2, state__in=ModelLoad.IN_FLIGHT).count() == 0
