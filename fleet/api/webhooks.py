@@ -105,7 +105,7 @@ class WebhookViewSet(
 
     queryset = Webhook.objects.select_related("tenant", "created_by")
     serializer_class = WebhookSerializer
-    filterset_fields = ["tenant__slug", "format", "active"]
+    filterset_fields = ["tenant__slug", "active"]  # not "format": DRF reads ?format= itself
 
     @extend_schema(responses={201: CreatedWebhookSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
