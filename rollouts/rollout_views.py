@@ -137,6 +137,14 @@ def actions_for(user: Any, rollout: Rollout) -> dict[str, Any]:
     }
 
 
+def chart_window(rollout: Rollout) -> int:
+    """Seconds the chart shows: the rollout so far with a little before it, from 2 minutes
+    to CHART_WINDOW_S."""
+    start = (rollout.started_at or rollout.created_at).timestamp()
+    end = rollout.finished_at.timestamp() if rollout.finished_at else time.time()
+    return int(min(CHART_WINDOW_S, max(120, end - start + 30)))
+
+
 def latest_analysis(rollout: Rollout) -> RolloutAnalysis | None:
     return (RolloutAnalysis.objects.filter(rollout=rollout, attempt=rollout.attempt)
             .order_by("-updated_at", "-id").first())
@@ -322,7 +330,7 @@ def _render_rollout(request: HttpRequest, rollout: Rollout, form: RolloutActionF
         "events": events,
         "events_cut": rollout.events.count() > len(events),
         "interim": interim_ab_verdict(rollout),
-        "chart_window_s": CHART_WINDOW_S,
+        "chart_window_s": chart_window(rollout),
         # Route samples are kept 15 minutes: a chart of an older rollout would be empty.
         "show_chart": rollout.is_active or (
             rollout.finished_at is not None
