@@ -86,6 +86,7 @@ def test_a_deployer_walks_a_canary_from_the_console_to_promotion(
         page.fill("#canary-steps", '[{"set_weight": 50}, {"pause": {}}]')
         page.fill("#canary-alias", "production")
         page.fill("#canary-reason", "v2 from the console")
+        page.locator("#rollouts").screenshot(path=str(tmp_path / "start-canary.png"))
         page.click("#canary-form button[type=submit]")
 
         rollout = Rollout.objects.get(deployment=world.deployment)
