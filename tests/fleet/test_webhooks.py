@@ -27,7 +27,7 @@ from tests.factories import TenantFactory
 
 State = WebhookDelivery.State
 ROLLOUT = {"id": 3, "tenant": "tenant-a", "deployment": "fraud-prod", "model": "fraud-scorer",
-           "state": "rolled_back", "previous_state": "canary", "reason": "p99 breached"}
+           "state": "rolled_back", "previous_state": "rolling_back", "reason": "p99 breached"}
 
 
 @dataclass
@@ -330,6 +330,36 @@ def test_the_beat_task_hands_due_deliveries_to_workers(alice, tenant_a, receiver
 
     assert tasks.retry_webhook_deliveries() == 0
     assert len(receiver.requests) == 1
+
+
+def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a, receiver, sent):
+    """GIVEN a rollout of tenant A rolling back and a webhook for rollbacks only
+    WHEN the reconciler moves it to rolled_back
+    THEN one delivery carries the rollout, and the receiver gets it signed."""
+    from rollouts import rollout as reconciler
+    from rollouts.models import Rollout
+    from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
+
+    webhook = hook(alice, tenant_a, receiver.url, events=["rollout.rolled_back"])
+    model = ModelFactory(tenant=tenant_a, name="fraud-scorer")
+    base, candidate = (ModelVersionFactory(model=model, version=n) for n in (1, 2))
+    made = Rollout.objects.create(
+        tenant=tenant_a, deployment=DeploymentFactory(model=model, name="fraud-prod"),
+        baseline=base, candidate=candidate, state=Rollout.State.ROLLING_BACK,
+        weights={"1": 90, "2": 10}, requested_by_label="alice",
+    )
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        reconciler._move(made, Rollout.State.ROLLED_BACK, "p99 breached", reason="p99 breached")
+
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.webhook, delivery.event) == (webhook, "rollout.rolled_back")
+    assert sent == [delivery.pk]
+    assert webhooks.deliver(delivery.pk) == State.DELIVERED
+    [request] = receiver.requests
+    data = json.loads(request["body"])["data"]
+    assert (data["id"], data["state"], data["previous_state"]) == (made.pk, "rolled_back", "rolling_back")
+    assert data["deployment"] == "fraud-prod"
 
 
 # --- managing webhooks -------------------------------------------------------------------------
