@@ -49,6 +49,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, IntegrityError, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from fleet import audit, webhooks
@@ -458,7 +459,7 @@ def _create(actor: Any, deployment: Deployment, fields: dict[str, Any], idempote
     return rollout, True
 
 
-def _enqueue_on_commit(rollout_id: int, countdown: float = 0) -> None:
+def _enqueue_on_commit(rollout_id: int) -> None:
     from console.celery import send_soon
     from rollouts.tasks import advance_rollout
 
@@ -573,7 +574,8 @@ def retry(actor: Any, rollout: Rollout, reason: str = "") -> Rollout:
             now = timezone.now()
             Rollout.objects.filter(pk=locked.pk).update(
                 state=to, attempt=locked.attempt + 1, step_index=0, step_started_at=None,
-                started_at=None, finished_at=None, failures=0, verdict={}, weights={},
+                # The loads of this attempt only: a load that failed before is asked again.
+                load_ids=[], started_at=None, finished_at=None, failures=0, verdict={}, weights={},
                 requested_action="", requested_action_by="", requested_action_reason="",
                 waiting_for="an approver who is not the requester" if to == State.PENDING_APPROVAL
                 else "", reason=reason, next_tick_at=now, updated_at=now, lease_owner="",
@@ -583,8 +585,8 @@ def retry(actor: Any, rollout: Rollout, reason: str = "") -> Rollout:
                    + (f": {reason}" if reason else ""), state=to, actor=label)
             audit.record(actor, "retried_rollout", locked, tenant=locked.tenant, reason=reason,
                          before={"state": locked.state}, after={"state": to})
-            locked.state = to
-            _notify(locked, "rollout.state_changed", State.PENDING_APPROVAL)
+            previous, locked.state = locked.state, to
+            _notify(locked, "rollout.state_changed", previous)
             _enqueue_on_commit(locked.pk)
     except IntegrityError:
         _refuse_second(rollout.deployment)
@@ -643,7 +645,7 @@ def _event(rollout: Rollout, kind: str, message: str, *, state: str | None = Non
            data: dict[str, Any] | None = None, actor: str = "system") -> RolloutEvent:
     return RolloutEvent.objects.create(
         rollout=rollout, kind=kind, state=state or rollout.state,
-        step_index=rollout.step_index if rollout.strategy == Rollout.Strategy.CANARY else None,
+        step_index=rollout.step_index if rollout.current_step is not None else None,
         message=message, data=data or {}, actor_label=actor,
     )
 
@@ -665,7 +667,7 @@ def payload(rollout: Rollout) -> dict[str, Any]:
         "steps": len(rollout.steps),
         "reason": rollout.reason,
         "waiting_for": rollout.waiting_for,
-        "path": f"/rollouts/{rollout.pk}/",
+        "path": reverse("rollouts:rollout", args=[rollout.pk]),
     }
 
 
