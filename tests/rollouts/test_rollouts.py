@@ -13,13 +13,15 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from django.core.exceptions import PermissionDenied
 
-from fleet.models import InferenceServer
+from fleet.models import InferenceServer, Membership
 from fleet.runtime.triton_local import TritonProcess, start_triton
 from rollouts import rollout as rollouts
 from rollouts import samples
@@ -32,7 +34,9 @@ from rollouts.models import (
     Route,
     RouteRevision,
 )
+from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.samples import CollectorProcess
+from tests.rollouts.triton_world import make_artifact
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
@@ -432,3 +436,191 @@ def test_a_canary_whose_own_triton_is_killed_is_rolled_back_within_ticks(stack, 
         rollouts.loads.forget_server_state(second, "the test killed its Triton")
         world.deployment.servers.remove(second)
         assert ModelLoad.objects.filter(version=v2, state__in=ModelLoad.IN_FLIGHT).count() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# People's actions
+# --------------------------------------------------------------------------------------------
+
+
+def test_pause_holds_the_weights_resume_goes_on_and_promote_now_skips_the_rest(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, alias="production",
+        steps=[{"set_weight": 20}, {"pause": {"seconds": 600}}, {"set_weight": 50},
+               {"analysis": {}}],
+        analysis_settings=quick(),
+    )
+    canary = wait_until(made.pk, lambda r: r.step_index == 1)
+    assert canary.state == State.PROGRESSING and weights_now(world) == {1: 80, 2: 20}
+
+    rollouts.request_action(world.user, canary, "pause", reason="reading the dashboards")
+    paused = rollouts.run_to_end(made.pk, max_ticks=20)
+    assert paused.state == State.PAUSED, paused.reason
+    assert "paused by" in paused.waiting_for
+    revisions = RouteRevision.objects.filter(route_id=world.deployment.pk).count()
+    for _ in range(3):  # ticks of a paused rollout watch it and change nothing
+        rollouts.advance(made.pk, force=True)
+        time.sleep(0.1)
+    still = Rollout.objects.get(pk=made.pk)
+    assert (still.state, still.step_index, still.weights) == (State.PAUSED, 1, {"1": 80, "2": 20})
+    assert RouteRevision.objects.filter(route_id=world.deployment.pk).count() == revisions
+    assert weights_now(world) == {1: 80, 2: 20}
+    assert set(variants_answering(world, 40)) == {"v1-triton", "v2-triton"}  # 0.8^40: never v2
+
+    rollouts.request_action(world.user, still, "resume")
+    resumed = wait_until(made.pk, lambda r: r.state == State.PROGRESSING and not r.requested_action)
+    assert resumed.state == State.PROGRESSING and resumed.step_index == 1  # a timed pause goes on
+    assert weights_now(world) == {1: 80, 2: 20}
+
+    rollouts.request_action(world.user, resumed, "promote", reason="enough seen")
+    ended = rollouts.run_to_end(made.pk, max_ticks=40)
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason)
+    assert weights_now(world).get(2) == 100 and weights_now(world).get(1, 0) == 0
+    assert Alias.objects.get(model=world.model, name="production").version.version == 2
+    assert revisions_of(world, {1: 50, 2: 50}) == 0  # the remaining steps were skipped
+    assert not RolloutAnalysis.objects.filter(rollout=ended).exists()
+    assert any("the remaining steps are skipped" in m for m in messages(ended, "action"))
+    assert set(variants_answering(world, 10)) == {"v2-triton"}
+
+
+def test_abort_goes_back_to_the_baseline_and_a_retry_starts_again_from_step_0(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2,
+        steps=[{"set_weight": 30}, {"pause": {}}], analysis_settings=quick(),
+    )
+    paused = rollouts.run_to_end(made.pk, max_ticks=100)
+    assert paused.state == State.PAUSED and weights_now(world) == {1: 70, 2: 30}
+
+    rollouts.request_action(world.user, paused, "abort", reason="wrong day")
+    aborted = rollouts.run_to_end(made.pk, max_ticks=20)
+    assert aborted.state == State.ABORTED, aborted.reason
+    assert aborted.reason.startswith("aborted by") and "wrong day" in aborted.reason
+    assert aborted.weights == {"1": 100}
+    assert weights_now(world).get(1) == 100 and weights_now(world).get(2, 0) == 0
+    assert set(variants_answering(world, 10)) == {"v1-triton"}
+
+    again = rollouts.retry(world.user, aborted, reason="right day")
+    assert (again.state, again.attempt, again.step_index, again.weights) == (
+        State.LOADING, 2, 0, {})
+    repeated = rollouts.run_to_end(made.pk, max_ticks=200)
+    assert repeated.state == State.PAUSED and repeated.step_index == 1, repeated.reason
+    assert weights_now(world) == {1: 70, 2: 30}
+    assert revisions_of(world, {1: 70, 2: 30}) == 2  # step 0 once per attempt
+    assert sum("30% of the traffic" in m for m in messages(repeated, "step")) == 2
+    rollouts.request_action(world.user, repeated, "abort")
+    assert rollouts.run_to_end(made.pk, max_ticks=20).state == State.ABORTED
+
+
+def test_an_approval_step_waits_for_an_approver_who_is_not_the_requester(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    tag = uuid.uuid4().hex[:6]
+    requester, other = (
+        MembershipFactory(user=UserFactory(username=f"{who}-{tag}"), tenant=world.tenant,
+                          role=Membership.Role.APPROVER).user
+        for who in ("requester", "approver")
+    )
+    made, _ = rollouts.create_rollout(
+        requester, world.deployment, version=2,
+        steps=[{"set_weight": 20}, {"approval": {}}, {"set_weight": 60}],
+        analysis_settings=quick(), unload_previous=False,
+    )
+    waiting = rollouts.run_to_end(made.pk, max_ticks=100)
+    assert waiting.state == State.PENDING_APPROVAL and waiting.step_index == 1, waiting.reason
+    assert waiting.waiting_for.startswith("an approver who is not the requester")
+    for _ in range(2):  # ticks leave it waiting, at its weights
+        rollouts.advance(made.pk, force=True)
+    assert Rollout.objects.get(pk=made.pk).state == State.PENDING_APPROVAL
+    assert weights_now(world) == {1: 80, 2: 20}
+
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        rollouts.approve(requester, waiting)
+    with pytest.raises(PermissionDenied, match="approver role"):
+        rollouts.approve(world.user, waiting)  # a deployer
+    assert Rollout.objects.get(pk=made.pk).state == State.PENDING_APPROVAL
+
+    approved = rollouts.approve(other, waiting, reason="dashboards fine")
+    assert approved.state == State.PROGRESSING and approved.step_index == 2
+    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+    assert ended.state == State.SUCCEEDED, ended.reason
+    assert revisions_of(world, {1: 40, 2: 60}) == 1
+    assert weights_now(world).get(2) == 100
+    (approval,) = ended.approvals.all()
+    assert (approval.step_index, approval.approved_by) == (1, other)
+
+
+# --------------------------------------------------------------------------------------------
+# Failures
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_candidate_whose_load_fails_is_rolled_back_with_its_error_and_a_retry_starts_over(stack):
+    """The candidate's artifact in S3 is corrupt (its sha256 is not the version's): the load
+    fails, the rollout rolls back with the load's own error and the route never moves off
+    the baseline. Once the right bytes are uploaded, a retry (attempt 2) loads it and goes
+    through its steps from step 0."""
+    world = stack
+    good = make_artifact(world.model.name, 2)
+    v2 = world.version(2, blob=good, config=slow_config(2, 4))
+    corrupt = bytearray(good)
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    world.store.put(v2.artifact_uri, bytes(corrupt))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2,
+        steps=[{"set_weight": 50}, {"pause": {"seconds": 1}}], analysis_settings=quick(),
+        unload_previous=False,
+    )
+    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    load = ModelLoad.objects.get(version=v2)
+    assert load.state == ModelLoad.State.FAILED and "sha256" in load.error, load.error
+    assert ended.reason == f"loading v2 on triton failed: {load.error}"
+    rollback = ended.events.get(kind="rollback")
+    assert rollback.data["error"] == load.error and rollback.data["load"] == load.pk
+    moved = RouteRevision.objects.filter(route_id=world.deployment.pk)
+    assert moved.exists() and all(r.weights == {"1": 100} for r in moved), [r.weights for r in moved]
+    assert weights_now(world) == {1: 100}
+
+    world.store.put(v2.artifact_uri, good)
+    again = rollouts.retry(world.user, ended, reason="artifact uploaded again")
+    assert (again.attempt, again.state, again.step_index) == (2, State.LOADING, 0)
+    finished = rollouts.run_to_end(made.pk, max_ticks=200)
+    assert finished.state == State.SUCCEEDED, (finished.state, finished.reason)
+    assert finished.attempt == 2
+    assert revisions_of(world, {1: 50, 2: 50}) == 1
+    assert weights_now(world).get(2) == 100
+
+
+def test_with_failure_limit_1_a_first_failed_look_judges_again_and_the_second_rolls_back(stack):
+    world = stack
+    world.version(3, config=slow_config(3, 8))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"set_weight": 50}, {"analysis": {}}], analysis_settings=quick(failure_limit=1),
+    )
+    with Traffic(world.route_url, world.model.name, clients=4, limit_s=120):
+        ended = rollouts.run_to_end(made.pk, max_ticks=600)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    assert ended.reason.startswith("analysis failed at 50% to v3"), ended.reason
+    judged = RolloutAnalysis.objects.get(rollout=ended)
+    assert judged.verdict == RolloutAnalysis.Verdict.FAIL and judged.failed_looks == 2
+    events = list(RolloutEvent.objects.filter(rollout=ended).order_by("created_at", "id"))
+    looks = [e for e in events if "failed a look" in e.message]
+    assert len(looks) == 1, [e.message for e in events]
+    first = looks[0]
+    assert first.message.startswith("analysis failed a look (1 of 1 allowed)"), first.message
+    assert first.state == State.PROGRESSING and first.data["judgement"]
+    (rollback,) = [e for e in events if e.kind == "rollback"]
+    assert events.index(rollback) > events.index(first)
+    # The first failed look did not move the traffic: the way back is applied after it.
+    back = [r for r in RouteRevision.objects.filter(route_id=world.deployment.pk)
+            if r.created_at >= first.created_at]
+    assert len(back) == 1 and {k: v for k, v in back[0].weights.items() if v} == {"1": 100}, [
+        r.weights for r in back]
+    assert weights_now(world).get(1) == 100
