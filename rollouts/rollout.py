@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import time
 import traceback
 import uuid
@@ -109,6 +110,8 @@ _LIMITS: dict[str, tuple[float, float, type]] = {
     "max_error_rate": (0, 100, float),
 }
 MAX_STEPS = 100
+ALIAS_NAME = re.compile(r"[A-Za-z0-9_-]{0,64}")
+HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
 MAX_PAUSE_S = 7 * 24 * 3600
 # The candidate's requests failing upstream (no answer, 502, 504) over this many seconds, at
 # least UPSTREAM_MIN of them and at least UPSTREAM_SHARE of its requests: its server is down.
@@ -178,11 +181,11 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
             if not isinstance(value, dict) or set(value) - {"seconds"}:
                 raise DomainError('pause is {} (until resumed) or {"seconds": N}', field=where)
             seconds = value.get("seconds")
-            if seconds is not None and (not _is_number(seconds) or not 0 < seconds <= MAX_PAUSE_S):
+            if seconds is not None and (not _is_number(seconds) or not 1 <= seconds <= MAX_PAUSE_S):
                 raise DomainError(f"pause seconds run from 1 to {MAX_PAUSE_S}", field=where)
             out.append({"pause": {} if seconds is None else {"seconds": float(seconds)}})
         elif kind == "analysis":
-            out.append({"analysis": parse_analysis(value or {}, field=where)})
+            out.append({"analysis": parse_analysis({} if value is None else value, field=where)})
         elif kind == "approval":
             if value not in ({}, None):
                 raise DomainError("approval takes no settings: {}", field=where)
@@ -312,8 +315,8 @@ def create_rollout(
     if deployment.archived_at is not None:
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
     if not routes.has_router(deployment.cluster):
-        raise DomainError(f"cluster {deployment.cluster.name} has no traffic router: rollouts "
-                          "move traffic through one", field="deployment")
+        raise Conflict(f"cluster {deployment.cluster.name} has no traffic router: rollouts "
+                       "move traffic through one", field="deployment")
     if strategy not in Rollout.Strategy.values:
         raise DomainError(f"one of {', '.join(Rollout.Strategy.values)}", field="strategy")
     ready = _ready_numbers(deployment)
@@ -321,8 +324,9 @@ def create_rollout(
         raise Conflict(f"no version of {deployment.model.name} is ready on deployment "
                        f"{deployment.name}: load the stable version first", field="deployment")
     settings_given = parse_analysis(analysis_settings)
-    if sticky_header and (not isinstance(sticky_header, str) or len(sticky_header) > 64):
-        raise DomainError("a header name of at most 64 characters", field="sticky_header")
+    if sticky_header and (not isinstance(sticky_header, str) or not HEADER_NAME.fullmatch(sticky_header)):
+        raise DomainError("a header name (a letter, then letters, digits and -, at most 64)",
+                          field="sticky_header")
     fields: dict[str, Any] = {
         "strategy": strategy, "analysis": settings_given, "sticky_header": sticky_header or "",
         "unload_previous": bool(unload_previous),
@@ -393,9 +397,9 @@ def create_rollout(
 
 
 def _alias_name(alias: object) -> str:
-    if not isinstance(alias, str) or len(alias) > 64 or (alias and not alias.replace("-", "").replace("_", "").isalnum()):
-        raise DomainError("an alias name (letters, digits, - and _), or empty for none",
-                          field="alias")
+    if not isinstance(alias, str) or not ALIAS_NAME.fullmatch(alias):
+        raise DomainError("an alias name (ASCII letters, digits, - and _, at most 64), or empty "
+                          "for none", field="alias")
     return alias
 
 
@@ -542,7 +546,7 @@ def approve(actor: Any, rollout: Rollout, reason: str = "") -> Rollout:
             step_index=locked.step_index + 1 if at_step else locked.step_index,
             step_started_at=now if at_step else locked.step_started_at,
         )
-        where = f"step {locked.step_index + 1}" if at_step else "the rollout"
+        where = f"step {locked.step_index + 1}" if at_step else "rollout"
         _event(locked, Kind.APPROVAL, f"{where} approved by {label}" + (f": {reason}" if reason else ""),
                state=to, actor=label)
         audit.record(actor, "approved_rollout", locked, tenant=locked.tenant, reason=reason,

@@ -84,7 +84,7 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
      "properties": {"pause": {
          "type": "object", "additionalProperties": False,
          "description": "{} waits until a person resumes; {seconds} waits that long",
-         "properties": {"seconds": {"type": "number", "exclusiveMinimum": 0,
+         "properties": {"seconds": {"type": "number", "minimum": 1,
                                     "maximum": rollout.MAX_PAUSE_S}}}}},
     {"type": "object", "required": ["analysis"], "additionalProperties": False,
      "properties": {"analysis": {**ANALYSIS_SCHEMA, "description": (

@@ -308,7 +308,7 @@ def test_a_cluster_without_a_traffic_router_cannot_roll_out(dave, tenant_a):
 
     response = ask(api_as(dave), static.deployment)
 
-    assert response.status_code == 400
+    assert response.status_code == 409
     assert "has no traffic router" in field_error(response, "deployment")
 
 
