@@ -1,0 +1,52 @@
+"""bench/rollback.py runs end to end and reports sane numbers (a smoke test, not its goals:
+the rollback time, false rollbacks and detection rate are measured, not unit-tested)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+QUICK = {"regressions": 2, "aa_runs": 3, "simulations": 60}  # bench/rollback.py's --quick
+
+
+@pytest.mark.triton
+def test_the_rollback_bench_runs_and_reports_sane_numbers():
+    # The bench starts its own database and Redis: none of the caller's may leak in.
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "rollback.py"), "--quick", "--json"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    assert result["regressions"] == QUICK["regressions"]
+    assert result["aa_runs"] >= QUICK["aa_runs"]
+    # Every canary ran to an end the bench recognises.
+    assert sum(result["regression_outcomes"].values()) == result["regressions"]
+    assert sum(result["aa_outcomes"].values()) == result["aa_runs"]
+    assert 0 <= result["false_rollbacks"] <= result["aa_runs"]
+    # At least one slower canary was rolled back and timed from its onset to the way back.
+    assert result["regressions_rolled_back"] >= 1
+    median = result["rollback_s_median"]
+    assert isinstance(median, float) and 0 < median < 120, median
+    assert result["rollback_s_min"] <= median <= result["rollback_s_max"]
+    for key in ("detection_rate", "false_alarm_rate"):
+        assert isinstance(result[key], float) and 0.0 <= result[key] <= 1.0, (key, result[key])
+    assert result["simulations"] == QUICK["simulations"]
+    assert result["route_rps"] > 0 and result["baseline_samples"] >= 100
+    assert result["analysis"]["planned_samples"] >= result["analysis"]["min_samples"] >= 10
+    assert result["reconciler"] and result["load_tool"]
+    assert len(result["loadavg_start"]) == 3 and len(result["loadavg_end"]) == 3
