@@ -1317,8 +1317,10 @@ def advance(rollout_id: int, *, force: bool = False) -> tuple[str | None, bool]:
     finally:
         Rollout.objects.filter(pk=rollout.pk, lease_owner=rollout.lease_owner).update(
             lease_owner="", lease_expires_at=None,
-            # Half an interval: the next beat tick finds it due, whatever its jitter.
-            next_tick_at=timezone.now() + timedelta(seconds=settings.SWITCHYARD_ROLLOUT_INTERVAL_S / 2),
+            # The next step at once when it may follow (the task sends it); else half an
+            # interval, so the next beat tick finds it due, whatever its jitter.
+            next_tick_at=timezone.now() if again else timezone.now() + timedelta(
+                seconds=settings.SWITCHYARD_ROLLOUT_INTERVAL_S / 2),
         )
     return rollout.state, again and rollout.state in Rollout.ACTIVE
 
