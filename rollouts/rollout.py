@@ -815,6 +815,7 @@ def _loading(rollout: Rollout) -> bool:
                 return False
             if load is not None and load.state == ModelLoad.State.UNLOADING:
                 waiting.append(f"v{version.version} on {name} (an unload in flight)")
+                load_ids.add(load.pk)  # followed like the rollout's own (run_to_end drives it)
                 continue
             missing.append(name)
         if missing:
