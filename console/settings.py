@@ -351,6 +351,9 @@ SPECTACULAR_SETTINGS = {
         "LoadStateEnum": "rollouts.models.loads.ModelLoad.State",
         "PlacementStateEnum": "fleet.models.quotas.Placement.State",
         "TokenStateEnum": ["active", "expired", "revoked"],
+        "RolloutStateEnum": "rollouts.models.rollouts.Rollout.State",
+        "WebhookDeliveryStateEnum": "fleet.models.webhooks.WebhookDelivery.State",
+        "WebhookFormatEnum": "fleet.models.webhooks.Webhook.Format",
     },
     # Every operation states the errors it can answer, in one shape (console/schema.py).
     "POSTPROCESSING_HOOKS": [
