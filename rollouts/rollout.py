@@ -382,8 +382,8 @@ def create_rollout(
             alias=(routes.PRODUCTION_ALIAS if deployment.production else "") if alias is None
             else _alias_name(alias),
         )
-    print_fields = {k: (v.pk if isinstance(v, ModelVersion) else v) for k, v in fields.items()}
-    fingerprint = _fingerprint({"deployment": deployment.pk, **print_fields})
+    request_fields = {k: (v.pk if isinstance(v, ModelVersion) else v) for k, v in fields.items()}
+    fingerprint = _fingerprint({"deployment": deployment.pk, **request_fields})
     try:
         return _create(actor, deployment, fields, idempotency_key, fingerprint, reason)
     except IntegrityError:
@@ -608,10 +608,6 @@ class LostLease(Exception):
     """Another worker took the rollout over (our lease ran out): stop quietly."""
 
 
-def _lease_s() -> float:
-    return float(settings.SWITCHYARD_ROLLOUT_LEASE_S)
-
-
 def _claim(rollout_id: int, force: bool) -> Rollout | None:
     now = timezone.now()
     with transaction.atomic():
@@ -631,7 +627,7 @@ def _claim(rollout_id: int, force: bool) -> Rollout | None:
             _event(rollout, Kind.ERROR, "took over from a worker whose lease ran out "
                    f"({rollout.lease_owner[:8]})")
         rollout.lease_owner = uuid.uuid4().hex
-        rollout.lease_expires_at = now + timedelta(seconds=_lease_s())
+        rollout.lease_expires_at = now + timedelta(seconds=settings.SWITCHYARD_ROLLOUT_LEASE_S)
         rollout.save(update_fields=["lease_owner", "lease_expires_at"])
     return rollout
 
