@@ -296,6 +296,13 @@ CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
     "schedule": timedelta(seconds=SWITCHYARD_ROLLOUT_INTERVAL_S),
     "options": {"expires": SWITCHYARD_ROLLOUT_INTERVAL_S},
 }
+# Benchmark jobs (rollouts/benchmarks/): followed this often while their runner sweeps.
+SWITCHYARD_BENCHMARK_INTERVAL_S = env_float("SWITCHYARD_BENCHMARK_INTERVAL_S", 1.0, minimum=0.2)
+CELERY_BEAT_SCHEDULE["reconcile-benchmarks"] = {
+    "task": "rollouts.tasks.reconcile_benchmarks",
+    "schedule": timedelta(seconds=SWITCHYARD_BENCHMARK_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_BENCHMARK_INTERVAL_S},
+}
 CELERY_BEAT_SCHEDULE["ensure-routes"] = {
     "task": "rollouts.tasks.ensure_routes",
     "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),

@@ -139,17 +139,22 @@ def request_load(
 
 
 def load_for(
-    deployment: Deployment, version: ModelVersion, server_names: list[str] | None, label: str
+    deployment: Deployment, version: ModelVersion, server_names: list[str] | None, label: str,
+    *, config_override: dict[str, Any] | None = None,
 ) -> tuple[list[ModelLoad], bool]:
     """:func:`request_load` by the system on someone's behalf (a rollout loading its
-    version: the rollout's requester was checked when it was made); ``label`` names it."""
-    check_loadable(deployment, version)
+    version: the rollout's requester was checked when it was made); ``label`` names it.
+    ``config_override``: the full Triton config to load with instead of the version's (a
+    benchmark measuring configs; the version need not be approved for that)."""
+    if config_override is None:
+        check_loadable(deployment, version)
     servers = _servers(deployment, server_names)
     check_runtime(version, servers)
     fingerprint = hashlib.sha256(
-        f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}".encode()
+        f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}:{config_override}".encode()
     ).hexdigest()
-    return _create_loads(None, deployment, version, servers, "", fingerprint, label=label)
+    return _create_loads(None, deployment, version, servers, "", fingerprint, label=label,
+                         config_override=config_override)
 
 
 def _replay(deployment: Deployment, key: str, fingerprint: str) -> list[ModelLoad] | None:
@@ -171,6 +176,7 @@ def _create_loads(
     idempotency_key: str,
     fingerprint: str,
     label: str = "",
+    config_override: dict[str, Any] | None = None,
 ) -> tuple[list[ModelLoad], bool]:
     token = token_of(actor)
     loads: list[ModelLoad] = []
@@ -197,9 +203,12 @@ def _create_loads(
                     field="version",
                 )
             ready = ModelLoad.objects.filter(server=server, version=version, state=State.READY).first()
-            if ready is not None:
+            if ready is not None and config_override is None:
                 loads.append(ready)
                 continue
+            if ready is not None:
+                raise Conflict(f"v{version.version} is loaded on {server.name} already: a load "
+                               "with another config needs it unloaded first", field="version")
             load = ModelLoad.objects.create(
                 tenant=deployment.tenant,
                 deployment=deployment,
@@ -210,6 +219,7 @@ def _create_loads(
                 requested_by=None if token else actor,
                 requested_by_token=token,
                 requested_by_label=label or actor_label(actor),
+                config_override=config_override,
             )
             _event(load, f"load of v{version.version} onto {server.name} requested by {load.requested_by_label}")
             audit.record(actor, "requested_load", load, tenant=deployment.tenant,
@@ -384,8 +394,15 @@ def _is_lora(version: ModelVersion) -> bool:
     return version.runtime == ModelVersion.Runtime.VLLM and bool(version.adapter_of)
 
 
+def config_of(load: ModelLoad) -> dict[str, Any]:
+    """The Triton config a load runs with: its override, else the version's."""
+    if load.config_override is not None:
+        return dict(load.config_override)
+    return dict(load.version.triton_config or {})
+
+
 def _admit(load: ModelLoad) -> None:
-    units, memory = demand(load.version, quota.device_class_of(load.server))
+    units, memory = demand_of(load.version, quota.device_class_of(load.server), config_of(load))
     placement = quota.admit(load.tenant, load.server, load.version_id, units, memory)
     _move(load, State.ADMITTED,
           f"admitted: holds {placement.units} {'model instance' if placement.device_class == 'cpu' else 'GPU'}"
@@ -435,7 +452,7 @@ def _load(load: ModelLoad) -> None:
         _event(load, f"{load.server.name} reports v{version.version} {state or 'not loaded'}"
                + (": checking its config" if state == READY else ": loading it"))
     loaded = runtime.load(
-        version.model.name, version.version, dict(version.triton_config or {}),
+        version.model.name, version.version, config_of(load),
         settings.SWITCHYARD_LOAD_TIMEOUT_S,
     )
     if load.placement is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from rollouts import drift, latency, loads, rollout, routes
+from rollouts.benchmarks import jobs as benchmark_jobs
 from rollouts.models import ModelLoad
 
 
@@ -64,4 +65,23 @@ def reconcile_rollouts() -> int:
     due = rollout.due_rollouts()
     for rollout_id in due:
         advance_rollout.delay(rollout_id)
+    return len(due)
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def advance_benchmark(self: Task, job_id: int) -> None:
+    """One step of a benchmark job (it never waits for the load generator, which runs in a
+    process of its own); a step that lets the next follow sends it at once."""
+    _state, again = benchmark_jobs.advance(job_id)
+    if again:
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        advance_benchmark.apply_async((job_id,), queue=queue)
+
+
+@shared_task(ignore_result=True)
+def reconcile_benchmarks() -> int:
+    """Beat tick: follow every active benchmark job that no worker holds."""
+    due = benchmark_jobs.due_jobs()
+    for job_id in due:
+        advance_benchmark.delay(job_id)
     return len(due)

@@ -1,3 +1,4 @@
+from .benchmarks import BenchmarkJob
 from .deployments import Deployment
 from .latency import LatencyRollup
 from .loads import ModelLoad, ModelLoadEvent
@@ -7,6 +8,7 @@ from .routes import Route, RouteRevision
 
 __all__ = [
     "Alias",
+    "BenchmarkJob",
     "Deployment",
     "LatencyRollup",
     "Model",

@@ -73,6 +73,10 @@ class ModelLoad(models.Model):
     bytes_total = models.PositiveBigIntegerField(default=0)
     bytes_done = models.PositiveBigIntegerField(default=0)
     config_hash = models.CharField(max_length=64, blank=True)
+    config_override = models.JSONField(
+        null=True, blank=True,
+        help_text="The full Triton config to load with instead of the version's (benchmark config sweeps)",
+    )
     error = models.TextField(blank=True)
     error_trace = models.TextField(
         blank=True, help_text="Traceback of an unexpected error in a step, for operators"

@@ -1,0 +1,990 @@
+"""Benchmark jobs: ask for one, and the reconciler that carries it out.
+
+A job measures one version on one fleet server of a deployment (never an arbitrary URL):
+for each config it compares (the version's own when ``configs`` is empty) it gets the
+version ready there through the load path (admitted against the tenant's quota), starts a
+runner process (:mod:`.runner`) that sweeps the levels, follows it through Redis, records
+what it measured, and unloads what the job loaded. The best config is the one with the most
+load within the SLO.
+
+:func:`advance` does at most one step under a lease, like loads and rollouts, and never
+waits for the load generator: a worker stays free while a sweep runs. One job per server at
+a time (a partial unique constraint). Cancelling sets the runner's stop flag in Redis at once
+(the load stops within a second) and the next tick unloads and ends the job.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import traceback
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import redis
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, transaction
+from django.utils import timezone
+
+from fleet import audit, quota
+from fleet.adapters.vllm import adapter_name
+from fleet.audit import actor_label
+from fleet.errors import Conflict, DomainError, QuotaExceeded
+from fleet.models import InferenceServer, Membership, Quota
+from fleet.tenancy import require_role, token_of
+from rollouts import loads
+from rollouts.benchmarks import sweep
+from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion
+
+log = logging.getLogger(__name__)
+
+State = BenchmarkJob.State
+Protocol = BenchmarkJob.Protocol
+
+#: Limits on what a job may ask for (a bounded load that stops by itself).
+LIMITS = {
+    "levels": 20, "concurrency": 512, "rate": 20_000.0, "duration_s": 600.0, "warmup_s": 120.0,
+    "max_requests": 10_000_000, "refine_steps": 6, "configs": 8, "instance_count": 16,
+    "max_batch_size": 1024, "max_queue_delay_microseconds": 1_000_000, "prompt_tokens": 8192,
+    "output_tokens": 4096,
+}
+CONFIG_KEYS = ("instance_group", "dynamic_batching", "max_batch_size")
+RUNNER_GRACE_S = 15.0  # a runner not heard from this long after its start has died
+TICK_S = 1.0
+
+
+def _positive_number(raw: object, field: str, upper: float, *, integer: bool = False) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != raw:
+        raise DomainError(f"a number, got {raw!r}"[:200], field=field)
+    if integer and raw != int(raw):
+        raise DomainError(f"a whole number, got {raw!r}"[:200], field=field)
+    if not 0 < raw <= upper:
+        raise DomainError(f"from {1 if integer else 0} to {upper:g}, got {raw!r}"[:200], field=field)
+    return float(raw)
+
+
+def parse_levels(raw: object, mode: str) -> list[float]:
+    if not isinstance(raw, list) or not raw:
+        raise DomainError("a non-empty list of concurrencies or request rates", field="levels")
+    if len(raw) > LIMITS["levels"]:
+        raise DomainError(f"at most {LIMITS['levels']} levels", field="levels")
+    integer = mode == BenchmarkJob.Mode.CONCURRENCY
+    upper = LIMITS["concurrency"] if integer else LIMITS["rate"]
+    values = sorted({_positive_number(v, "levels", upper, integer=integer) for v in raw})
+    return [int(v) if integer else v for v in values]
+
+
+def parse_configs(raw: object, version: ModelVersion) -> list[dict[str, Any]]:
+    """Triton config overrides: instance_group count, dynamic_batching (queue delay,
+    preferred sizes) and max_batch_size; each merged over the version's own config."""
+    if raw in (None, []):
+        return []
+    if not isinstance(raw, list):
+        raise DomainError("a list of config overrides", field="configs")
+    if version.runtime != ModelVersion.Runtime.TRITON:
+        raise DomainError("config sweeps are for Triton versions", field="configs")
+    if len(raw) > LIMITS["configs"]:
+        raise DomainError(f"at most {LIMITS['configs']} configs", field="configs")
+    parsed = []
+    for i, item in enumerate(raw):
+        where = f"configs[{i}]"
+        if not isinstance(item, dict):
+            raise DomainError("an object of config fields", field=where)
+        unknown = sorted(set(item) - set(CONFIG_KEYS))
+        if unknown:
+            raise DomainError(f"unknown fields {', '.join(unknown)}; a sweep may set "
+                              f"{', '.join(CONFIG_KEYS)}", field=where)
+        out: dict[str, Any] = {}
+        if "instance_group" in item:
+            count = item["instance_group"]
+            if isinstance(count, dict):
+                count = count.get("count")
+            _positive_number(count, f"{where}.instance_group", LIMITS["instance_count"], integer=True)
+            base = [dict(g) for g in (version.triton_config or {}).get("instance_group") or [{}]]
+            base[0]["count"] = int(count)
+            base[0].setdefault("kind", "KIND_CPU" if version.gpus == 0 else "KIND_GPU")
+            out["instance_group"] = base[:1]
+        if "max_batch_size" in item:
+            out["max_batch_size"] = int(_positive_number(
+                item["max_batch_size"], f"{where}.max_batch_size", LIMITS["max_batch_size"], integer=True))
+        if "dynamic_batching" in item:
+            out["dynamic_batching"] = _dynamic_batching(item["dynamic_batching"], f"{where}.dynamic_batching")
+        batch = out.get("max_batch_size", (version.triton_config or {}).get("max_batch_size", 0))
+        if "dynamic_batching" in out and not batch:
+            raise DomainError("dynamic batching needs max_batch_size above 0 (set it in the "
+                              "same override)", field=where)
+        parsed.append(out)
+    return parsed
+
+
+def _dynamic_batching(raw: object, field: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise DomainError("an object: max_queue_delay_microseconds, preferred_batch_size", field=field)
+    out: dict[str, Any] = {}
+    if "max_queue_delay_microseconds" in raw:
+        delay = raw["max_queue_delay_microseconds"]
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= LIMITS[
+                "max_queue_delay_microseconds"]:
+            raise DomainError(f"microseconds from 0 to {LIMITS['max_queue_delay_microseconds']}",
+                              field=f"{field}.max_queue_delay_microseconds")
+        out["max_queue_delay_microseconds"] = delay
+    if "preferred_batch_size" in raw:
+        sizes = raw["preferred_batch_size"]
+        if not isinstance(sizes, list) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 0 < s <= LIMITS["max_batch_size"]
+                for s in sizes):
+            raise DomainError("a list of batch sizes", field=f"{field}.preferred_batch_size")
+        out["preferred_batch_size"] = sizes
+    unknown = sorted(set(raw) - {"max_queue_delay_microseconds", "preferred_batch_size"})
+    if unknown:
+        raise DomainError(f"unknown fields {', '.join(unknown)}", field=field)
+    return out
+
+
+def full_config(version: ModelVersion, override: dict[str, Any] | None) -> dict[str, Any]:
+    """The version's config with ``override``'s fields put over it."""
+    return {**(version.triton_config or {}), **(override or {})}
+
+
+def config_label(override: dict[str, Any] | None) -> str:
+    """A short name for a config: "default" or "2 instances, batch 8, delay 100 µs"."""
+    if not override:
+        return "default"
+    parts = []
+    if "instance_group" in override:
+        count = override["instance_group"][0].get("count", 1)
+        parts.append(f"{count} instance{'s' if count != 1 else ''}")
+    if "max_batch_size" in override:
+        parts.append(f"batch {override['max_batch_size']}")
+    batching = override.get("dynamic_batching")
+    if batching is not None:
+        parts.append(f"delay {batching.get('max_queue_delay_microseconds', 0)} µs")
+        if batching.get("preferred_batch_size"):
+            parts.append(f"preferred {batching['preferred_batch_size']}")
+    return ", ".join(parts)
+
+
+def _protocol_for(version: ModelVersion, server: InferenceServer, raw: object) -> str:
+    default = Protocol.OPENAI_COMPLETIONS if server.runtime == InferenceServer.Runtime.VLLM \
+        else Protocol.TRITON_HTTP
+    protocol = raw or default
+    if protocol not in Protocol.values:
+        raise DomainError(f"one of {', '.join(Protocol.values)}", field="protocol")
+    llm = protocol in (Protocol.OPENAI_COMPLETIONS, Protocol.OPENAI_CHAT)
+    if llm != (server.runtime == InferenceServer.Runtime.VLLM):
+        raise DomainError(f"{protocol} does not fit a {server.runtime} server", field="protocol")
+    if protocol == Protocol.TRITON_GRPC and not server.grpc_url:
+        raise DomainError(f"server {server.name} has no gRPC address recorded", field="protocol")
+    return protocol
+
+
+def parse_request(raw: object, protocol: str) -> dict[str, Any]:
+    """What each request carries. Triton: ``inputs`` (KServe v2 JSON inputs; made from the
+    model's metadata when left out). LLM: ``prompt_tokens`` and ``output_tokens`` as
+    ``{"mean": n, "spread": s}`` (uniform in mean ± spread)."""
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict):
+        raise DomainError("an object", field="request")
+    if protocol in (Protocol.OPENAI_COMPLETIONS, Protocol.OPENAI_CHAT):
+        out: dict[str, Any] = {}
+        for key in ("prompt_tokens", "output_tokens"):
+            if key not in raw:
+                continue
+            value = raw[key]
+            if not isinstance(value, dict):
+                raise DomainError('{"mean": n, "spread": s}', field=f"request.{key}")
+            mean = _positive_number(value.get("mean"), f"request.{key}.mean", LIMITS[key], integer=True)
+            spread = value.get("spread", 0)
+            if isinstance(spread, bool) or not isinstance(spread, int) or not 0 <= spread < mean:
+                raise DomainError(f"a whole number from 0 to {int(mean) - 1}", field=f"request.{key}.spread")
+            out[key] = {"mean": int(mean), "spread": spread}
+        unknown = sorted(set(raw) - {"prompt_tokens", "output_tokens"})
+        if unknown:
+            raise DomainError(f"unknown fields {', '.join(unknown)}", field="request")
+        return out
+    inputs = raw.get("inputs")
+    if not isinstance(inputs, list) or not inputs or not all(
+            isinstance(i, dict) and {"name", "shape", "datatype", "data"} <= set(i) for i in inputs):
+        raise DomainError("inputs: a list of {name, shape, datatype, data}", field="request.inputs")
+    if len(json.dumps(inputs)) > 1_000_000:
+        raise DomainError("at most 1 MB of inputs", field="request.inputs")
+    return {"inputs": inputs}
+
+
+def _slo(deployment: Deployment, raw: object) -> dict[str, Any]:
+    slo: dict[str, Any] = {"p99_ms": float(deployment.slo_p99_ms),
+                           "error_rate": float(deployment.slo_error_rate) / 100.0}
+    if raw in (None, {}):
+        return slo
+    if not isinstance(raw, dict):
+        raise DomainError("an object: p99_ms, error_rate (a fraction), ttft_p99_ms, itl_p99_ms", field="slo")
+    unknown = sorted(set(raw) - {"p99_ms", "error_rate", "ttft_p99_ms", "itl_p99_ms"})
+    if unknown:
+        raise DomainError(f"unknown fields {', '.join(unknown)}", field="slo")
+    for key in ("p99_ms", "ttft_p99_ms", "itl_p99_ms"):
+        if raw.get(key) is not None:
+            slo[key] = _positive_number(raw[key], f"slo.{key}", 3_600_000)
+    if raw.get("error_rate") is not None:
+        rate = raw["error_rate"]
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise DomainError("a fraction from 0 to 1", field="slo.error_rate")
+        slo["error_rate"] = float(rate)
+    return slo
+
+
+def _server(deployment: Deployment, name: object) -> InferenceServer:
+    servers = list(deployment.servers.all())
+    if name in (None, ""):
+        if len(servers) == 1:
+            return servers[0]
+        raise DomainError("name the server to benchmark on (the deployment has "
+                          f"{len(servers)})", field="server")
+    found = next((s for s in servers if s.name == name), None)
+    if found is None:
+        raise DomainError(f"deployment {deployment.name} has no server named {name!r}"[:200],
+                          field="server")
+    return found
+
+
+def _check_quota(deployment: Deployment, version: ModelVersion, server: InferenceServer,
+                 configs: list[dict[str, Any]]) -> None:
+    """Refuse up front what the loads would be refused: the largest config must fit."""
+    if ModelLoad.objects.filter(server=server, version=version, state=ModelLoad.State.READY).exists() \
+            and not configs:
+        return
+    device_class = quota.device_class_of(server)
+    row = Quota.objects.filter(tenant=deployment.tenant, device_class=device_class).first()
+    if row is None:
+        raise QuotaExceeded(f"tenant {deployment.tenant.slug} has no quota for device class "
+                            f"{device_class}", field="quota")
+    usage = quota.usage_for([row])[0]
+    for override in configs or [None]:
+        units, memory = loads.demand_of(version, device_class, full_config(version, override))
+        if units > usage.units_left or memory > usage.memory_left_mib:
+            raise QuotaExceeded(
+                f"config {config_label(override)} of v{version.version} needs {units} units of "
+                f"{device_class} and {memory} MiB; {usage.units_left} and "
+                f"{usage.memory_left_mib} MiB left in {deployment.tenant.slug}'s quota",
+                field="quota")
+
+
+def _shares_production(server: InferenceServer) -> bool:
+    return ModelLoad.objects.filter(
+        server=server, state=ModelLoad.State.READY, deployment__production=True
+    ).exists()
+
+
+def create_job(
+    actor: Any,
+    deployment: Deployment,
+    *,
+    version: object,
+    server: object = None,
+    protocol: object = None,
+    mode: object = BenchmarkJob.Mode.CONCURRENCY,
+    levels: object = None,
+    duration_s: object = 10,
+    warmup_s: object = 2,
+    max_requests: object = 0,
+    refine_steps: object = sweep.DEFAULT_REFINE_STEPS,
+    error_limit: object = sweep.DEFAULT_ERROR_LIMIT,
+    slo: object = None,
+    request: object = None,
+    configs: object = None,
+    idempotency_key: str = "",
+) -> tuple[BenchmarkJob, bool]:
+    """Ask for a benchmark (deployer role); returns (job, made now). A job already running
+    on the server is a Conflict; the same ``idempotency_key`` replays the first request."""
+    require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    if deployment.archived_at is not None:
+        raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
+    number = version
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise DomainError("a version number", field="version")
+    found = deployment.model.versions.filter(version=number).first()
+    if found is None:
+        raise DomainError(f"{deployment.model.name} has no version {number}", field="version")
+    target = _server(deployment, server)
+    if mode not in BenchmarkJob.Mode.values:
+        raise DomainError(f"one of {', '.join(BenchmarkJob.Mode.values)}", field="mode")
+    chosen_protocol = _protocol_for(found, target, protocol)
+    parsed_configs = parse_configs(configs, found)
+    fields: dict[str, Any] = {
+        "version": found, "server": target, "protocol": chosen_protocol, "mode": mode,
+        "levels": parse_levels(levels if levels is not None else
+                               ([1, 2, 4, 8, 16] if mode == BenchmarkJob.Mode.CONCURRENCY
+                                else [10, 50, 100, 200]), mode),
+        "duration_s": _positive_number(duration_s, "duration_s", LIMITS["duration_s"]),
+        "warmup_s": 0.0 if warmup_s == 0 else _positive_number(warmup_s, "warmup_s", LIMITS["warmup_s"]),
+        "max_requests": 0 if max_requests == 0 else int(_positive_number(
+            max_requests, "max_requests", LIMITS["max_requests"], integer=True)),
+        "refine_steps": 0 if refine_steps == 0 else int(_positive_number(
+            refine_steps, "refine_steps", LIMITS["refine_steps"], integer=True)),
+        "error_limit": _positive_number(error_limit, "error_limit", 1.0),
+        "slo": _slo(deployment, slo),
+        "request": parse_request(request, chosen_protocol),
+        "configs": parsed_configs,
+    }
+    if parsed_configs and ModelLoad.objects.filter(
+            server=target, version__model=found.model, state__in=[ModelLoad.State.READY, *ModelLoad.IN_FLIGHT],
+    ).exists():
+        raise Conflict(f"a config sweep loads {found.model.name} on {target.name} once per config: "
+                       f"unload it there first, or choose a server where it is not loaded",
+                       field="configs")
+    if not parsed_configs:
+        loads.check_loadable(deployment, found)
+    loads.check_runtime(found, [target])
+    _check_quota(deployment, found, target, parsed_configs)
+    fingerprint = hashlib.sha256(json.dumps(
+        {k: (v.pk if hasattr(v, "pk") else v) for k, v in fields.items()}, sort_keys=True,
+        default=str).encode()).hexdigest()
+    token = token_of(actor)
+    try:
+        with transaction.atomic():
+            if idempotency_key:
+                earlier = BenchmarkJob.objects.filter(
+                    tenant=deployment.tenant, idempotency_key=idempotency_key).first()
+                if earlier is not None:
+                    if earlier.request_fingerprint != fingerprint:
+                        raise Conflict("this Idempotency-Key was used for a different request",
+                                       field="idempotency_key")
+                    return earlier, False
+            _refuse_busy(target)
+            job = BenchmarkJob.objects.create(
+                tenant=deployment.tenant, deployment=deployment, **fields,
+                shares_production=_shares_production(target),
+                phase="queued", idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+                requested_by=None if token else actor, requested_by_token=token,
+                requested_by_label=actor_label(actor),
+            )
+            audit.record(actor, "requested_benchmark", job, tenant=deployment.tenant,
+                         after={"version": found.version, "server": target.name,
+                                "levels": fields["levels"], "configs": len(parsed_configs)})
+            transaction.on_commit(lambda: _enqueue(job.pk))
+    except IntegrityError:
+        _refuse_busy(target)
+        raise
+    return job, True
+
+
+def _refuse_busy(server: InferenceServer) -> None:
+    busy = BenchmarkJob.objects.filter(server=server, state__in=BenchmarkJob.ACTIVE).first()
+    if busy is not None:
+        raise Conflict(f"benchmark {busy.pk} is {busy.state} on {server.name}: one job per "
+                       "server at a time", field="server")
+
+
+def _enqueue(job_id: int) -> None:
+    from rollouts.tasks import advance_benchmark
+
+    try:
+        advance_benchmark.delay(job_id)
+    except Exception:
+        log.warning("benchmark %s: could not enqueue; the next tick takes it", job_id)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _prefix() -> str:
+    return f"{settings.SWITCHYARD_REDIS_PREFIX}:bench:"
+
+
+def _key(job: BenchmarkJob, name: str) -> str:
+    return f"{_prefix()}{job.run_id}:{name}"
+
+
+def cancel(actor: Any, job: BenchmarkJob) -> BenchmarkJob:
+    """Stop a job: the runner's stop flag is set at once, the reconciler does the rest."""
+    require_role(actor, job.tenant, Membership.Role.DEPLOYER)
+    label = actor_label(actor)
+    with transaction.atomic():
+        locked = BenchmarkJob.objects.select_for_update().get(pk=job.pk)
+        if locked.state in BenchmarkJob.FINAL:
+            raise Conflict(f"benchmark {job.pk} is {locked.state} already", field="state")
+        if not locked.cancel_requested_by:
+            BenchmarkJob.objects.filter(pk=job.pk).update(cancel_requested_by=label, updated_at=timezone.now())
+            audit.record(actor, "cancelled_benchmark", locked, tenant=job.tenant)
+        run_id = locked.run_id
+    if run_id:
+        locked.run_id = run_id
+        try:
+            _redis().set(_key(locked, "cancel"), label, ex=3600)
+        except redis.RedisError:
+            log.warning("benchmark %s: Redis unreachable for the stop flag; the runner is "
+                        "stopped at the next tick", job.pk)
+    transaction.on_commit(lambda: _enqueue(job.pk))
+    job.refresh_from_db()
+    return job
+
+
+# --------------------------------------------------------------------------------------------
+# Requests the runner sends
+# --------------------------------------------------------------------------------------------
+
+
+def _zeros(datatype: str, count: int) -> list[Any]:
+    if datatype == "BYTES":
+        return ["switchyard"] * count
+    if datatype == "BOOL":
+        return [False] * count
+    if datatype.startswith(("FP", "BF")):
+        return [round(random.random(), 4) for _ in range(count)]
+    return [1] * count
+
+
+def inputs_from_metadata(metadata: dict[str, Any], max_batch_size: int = 0) -> list[dict[str, Any]]:
+    """KServe v2 inputs for one request, from the model's metadata: variable dimensions
+    (-1) are 1 for the batch dimension and 4 elsewhere, values are small and valid."""
+    inputs = []
+    for spec in metadata.get("inputs") or []:
+        shape = [int(d) for d in spec.get("shape") or [1]]
+        shape = [(1 if i == 0 and max_batch_size else 4) if d < 0 else d for i, d in enumerate(shape)]
+        count = 1
+        for d in shape:
+            count *= d
+        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
+                       "data": _zeros(spec["datatype"], count)})
+    return inputs
+
+
+WORDS = ["switchyard", "measures", "capacity", "with", "tokens", "from", "many", "short", "words", "so", "each", "prompt", "has", "about", "as", "many", "tokens", "as", "words", "the", "model", "reads"]
+
+
+def llm_bodies(job: BenchmarkJob, model_name: str, count: int = 64) -> list[bytes]:
+    """Streamed OpenAI requests with prompt and output lengths drawn from the job's
+    distributions (``ignore_eos`` keeps vLLM generating to the length asked for)."""
+    rng = random.Random(job.pk)
+    prompt = job.request.get("prompt_tokens") or {"mean": 32, "spread": 8}
+    output = job.request.get("output_tokens") or {"mean": 32, "spread": 0}
+    bodies = []
+    for _ in range(count):
+        words = rng.randint(prompt["mean"] - prompt["spread"], prompt["mean"] + prompt["spread"])
+        tokens = rng.randint(output["mean"] - output["spread"], output["mean"] + output["spread"])
+        text = " ".join(rng.choice(WORDS) for _ in range(max(words, 1)))
+        body: dict[str, Any] = {
+            "model": model_name, "max_tokens": max(tokens, 1), "min_tokens": max(tokens, 1),
+            "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if job.protocol == Protocol.OPENAI_CHAT:
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+def _served_name(job: BenchmarkJob) -> str:
+    version = job.version
+    if version.runtime == ModelVersion.Runtime.VLLM and version.adapter_of:
+        return adapter_name(version.model.name, version.version)
+    return version.model.name
+
+
+def spec_for(job: BenchmarkJob, run_id: str) -> dict[str, Any]:
+    """What the runner process needs: target, plan, SLO, Redis keys, server view."""
+    server = job.server
+    name = _served_name(job)
+    triton = server.runtime == InferenceServer.Runtime.TRITON
+    if job.is_llm:
+        bodies = llm_bodies(job, name)
+    else:
+        inputs = job.request.get("inputs")
+        if not inputs:
+            config = full_config(job.version, (job.configs or [None])[job.config_index] if job.configs else None)
+            url = f"{server.http_url.rstrip('/')}/v2/models/{name}/versions/{job.version.version}"
+            metadata = httpx.get(url, timeout=settings.SWITCHYARD_PROBE_TIMEOUT_S).json()
+            inputs = inputs_from_metadata(metadata, int(config.get("max_batch_size") or 0))
+        bodies = [json.dumps({"inputs": inputs}).encode()]
+    url = server.grpc_url if job.protocol == Protocol.TRITON_GRPC else server.http_url
+    return {
+        "run_id": run_id,
+        "redis_url": settings.REDIS_URL,
+        "prefix": _prefix(),
+        "target": {
+            "kind": job.protocol, "url": url, "model": name,
+            "version": str(job.version.version) if triton else "",
+            "bodies": [base64.b64encode(b).decode() for b in bodies],
+        },
+        "server": {
+            "kind": "triton" if triton else "vllm",
+            "metrics_url": server.metrics_url,
+            "probe_url": server.http_url.rstrip("/") + ("/v2/health/ready" if triton else "/health"),
+        },
+        "plan": {"mode": job.mode, "levels": job.levels, "refine_steps": job.refine_steps,
+                 "error_limit": job.error_limit},
+        "slo": job.slo,
+        "level": {"duration_s": job.duration_s, "warmup_s": job.warmup_s,
+                  "max_requests": job.max_requests},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The reconciler
+# --------------------------------------------------------------------------------------------
+
+
+class LostLease(Exception):
+    """Another worker holds the job now."""
+
+
+def _claim(job_id: int) -> BenchmarkJob | None:
+    now = timezone.now()
+    with transaction.atomic():
+        job = (BenchmarkJob.objects.select_for_update(skip_locked=True, of=("self",))
+               .select_related("version__model", "server__cluster", "deployment", "tenant")
+               .filter(pk=job_id).first())
+        if job is None or job.state not in BenchmarkJob.ACTIVE:
+            return None
+        if job.lease_owner and job.lease_expires_at and job.lease_expires_at > now:
+            return None
+        job.lease_owner = uuid.uuid4().hex
+        job.lease_expires_at = now + timedelta(seconds=settings.SWITCHYARD_ROLLOUT_LEASE_S)
+        job.save(update_fields=["lease_owner", "lease_expires_at"])
+    return job
+
+
+def _update(job: BenchmarkJob, **fields: Any) -> None:
+    fields.setdefault("updated_at", timezone.now())
+    if not BenchmarkJob.objects.filter(pk=job.pk, lease_owner=job.lease_owner).update(**fields):
+        raise LostLease
+    for key, value in fields.items():
+        setattr(job, key, value)
+
+
+def _finish(job: BenchmarkJob, state: str, phase: str, **fields: Any) -> None:
+    _update(job, state=state, phase=phase[:300], finished_at=timezone.now(),
+            progress=1.0 if state == State.SUCCEEDED else job.progress, **fields)
+    audit.record(None, f"benchmark_{state}", job, tenant=job.tenant,
+                 after={"phase": phase[:300], "summary": job.summary})
+    _cleanup_run(job)
+
+
+def _cleanup_run(job: BenchmarkJob) -> None:
+    """Stop a runner that may still be going, and drop its spec file."""
+    if job.run_id:
+        with contextlib.suppress(redis.RedisError):
+            _redis().set(_key(job, "cancel"), "1", ex=3600)
+        _spec_path(job.run_id).unlink(missing_ok=True)
+    _kill_runner(job)
+
+
+def _kill_runner(job: BenchmarkJob) -> None:
+    if not job.runner_pid:
+        return
+    try:
+        proc = psutil.Process(job.runner_pid)
+        if "rollouts.benchmarks.runner" in " ".join(proc.cmdline()):
+            proc.terminate()
+            try:
+                proc.wait(timeout=2)
+            except psutil.TimeoutExpired:
+                proc.kill()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        pass
+
+
+def _spec_path(run_id: str) -> Path:
+    folder = Path(settings.DATA_DIR) / "benchmarks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{run_id}.json"
+
+
+def _current_override(job: BenchmarkJob) -> dict[str, Any] | None:
+    return job.configs[job.config_index] if job.configs else None
+
+
+def _entry(job: BenchmarkJob) -> dict[str, Any]:
+    """The result entry of the config being measured (made on first use)."""
+    results = list(job.results)
+    while len(results) <= job.config_index:
+        override = job.configs[len(results)] if job.configs else None
+        results.append({"config": override or {}, "label": config_label(override), "levels": [],
+                        "summary": None, "error": "", "load_id": None})
+    job.results = results
+    return results[job.config_index]
+
+
+def _total_configs(job: BenchmarkJob) -> int:
+    return max(len(job.configs), 1)
+
+
+def _progress(job: BenchmarkJob, levels_done: int, current: dict[str, Any] | None) -> float:
+    planned = len(job.levels) + job.refine_steps
+    within = 0.0
+    if current:
+        elapsed = timezone.now().timestamp() - float(current.get("started_at", 0))
+        span = float(current.get("warmup_s", 0)) + float(current.get("duration_s", 1))
+        within = min(max(elapsed / span, 0.0), 0.99)
+    config_part = min((levels_done + within) / max(planned, levels_done + 1), 0.99)
+    return round((job.config_index + config_part) / _total_configs(job), 4)
+
+
+def _queued(job: BenchmarkJob) -> bool:
+    _update(job, state=State.LOADING, started_at=job.started_at or timezone.now(),
+            phase=f"getting v{job.version.version} ready on {job.server.name}")
+    return True
+
+
+def _loading(job: BenchmarkJob) -> bool:
+    entry = _entry(job)
+    override = _current_override(job)
+    if job.load_id is None:
+        ready = None if job.configs else ModelLoad.objects.filter(
+            server=job.server, version=job.version, state=ModelLoad.State.READY).first()
+        if ready is not None:
+            entry["load_id"] = ready.pk
+            _update(job, load_id=ready.pk, loaded_by_job=False, results=job.results,
+                    state=State.RUNNING, phase=f"v{job.version.version} is ready: starting the sweep")
+            return True
+        try:
+            made, _ = loads.load_for(
+                job.deployment, job.version, [job.server.name], label=f"benchmark {job.pk}",
+                config_override=full_config(job.version, override) if override else None,
+            )
+        except DomainError as exc:
+            return _config_failed(job, f"could not load {config_label(override)}: {exc}")
+        entry["load_id"] = made[0].pk
+        _update(job, load_id=made[0].pk, loaded_by_job=True, results=job.results,
+                phase=f"loading v{job.version.version} ({config_label(override)}) on {job.server.name}")
+        return False
+    load = ModelLoad.objects.get(pk=job.load_id)
+    if load.state == ModelLoad.State.READY:
+        _update(job, state=State.RUNNING, phase=f"loaded ({config_label(override)}): starting the sweep")
+        return True
+    if load.state in (ModelLoad.State.FAILED, ModelLoad.State.UNLOADED, ModelLoad.State.LOST):
+        return _config_failed(job, f"the load of {config_label(override)} ended {load.state}: "
+                                   f"{load.error or 'no reason recorded'}", unload=False)
+    _update(job, phase=f"loading {config_label(override)}: {load.get_state_display().lower()}")
+    return False
+
+
+def _config_failed(job: BenchmarkJob, why: str, *, unload: bool = True) -> bool:
+    """One config could not be measured: recorded; the next config goes on (a job of one
+    config fails)."""
+    entry = _entry(job)
+    entry["error"] = why[:2000]
+    _update(job, results=job.results)
+    if not job.configs:
+        _finish(job, State.FAILED, why, error=why)
+        return False
+    return _next_config(job, unload=unload)
+
+
+def _start_runner(job: BenchmarkJob) -> None:
+    run_id = uuid.uuid4().hex
+    try:
+        spec = spec_for(job, run_id)
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        _config_failed(job, f"could not read {job.version.model.name}'s inputs from "
+                            f"{job.server.name}: {exc}")
+        return
+    path = _spec_path(run_id)
+    path.write_text(json.dumps(spec))
+    log_path = path.with_suffix(".log")
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rollouts.benchmarks.runner", str(path)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=str(Path(settings.BASE_DIR)), env={**os.environ},
+        )
+    _RUNNERS[proc.pid] = proc
+    _update(job, run_id=run_id, runner_pid=proc.pid, runner_started_at=timezone.now(),
+            phase=f"sweeping {config_label(_current_override(job))}: starting the load generator")
+
+
+_RUNNERS: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _reap() -> None:
+    for pid, proc in list(_RUNNERS.items()):
+        if proc.poll() is not None:
+            _RUNNERS.pop(pid, None)
+
+
+def _read_run(job: BenchmarkJob) -> tuple[list[dict[str, Any]], dict[str, Any] | None,
+                                         dict[str, Any] | None, bool]:
+    client = _redis()
+    pipe = client.pipeline()
+    pipe.lrange(_key(job, "levels"), 0, -1)
+    pipe.get(_key(job, "current"))
+    pipe.get(_key(job, "done"))
+    pipe.exists(_key(job, "alive"))
+    levels_raw, current, done, alive = pipe.execute()
+    return ([json.loads(x) for x in levels_raw], json.loads(current) if current else None,
+            json.loads(done) if done else None, bool(alive))
+
+
+def _running(job: BenchmarkJob) -> bool:
+    _reap()
+    if not job.run_id:
+        _start_runner(job)
+        return False
+    try:
+        levels, current, done, alive = _read_run(job)
+    except redis.RedisError as exc:
+        _update(job, phase=f"Redis unreachable, following the sweep again soon: {exc}"[:300])
+        return False
+    entry = _entry(job)
+    entry["levels"] = levels
+    label = config_label(_current_override(job))
+    if done is not None:
+        if done.get("error"):
+            return _config_failed(job, f"the load generator failed: {done['error']}")
+        entry["summary"] = done["summary"]
+        if done["summary"].get("error"):
+            entry["error"] = done["summary"]["error"]
+        if job.cancel_requested_by:
+            _update(job, results=job.results)
+            return _next_config(job, last=True)
+        if entry["error"] and not job.configs:
+            _update(job, results=job.results)
+            _finish(job, State.FAILED, entry["error"], error=entry["error"])
+            return False
+        _update(job, results=job.results)
+        return _next_config(job)
+    started = job.runner_started_at or timezone.now()
+    if not alive and (timezone.now() - started).total_seconds() > RUNNER_GRACE_S:
+        tail = ""
+        log_path = _spec_path(job.run_id).with_suffix(".log")
+        if log_path.exists():
+            tail = log_path.read_text(errors="replace")[-1000:]
+        return _config_failed(job, f"the load generator (pid {job.runner_pid}) stopped without "
+                                   f"a result{': ' + tail if tail else ''}")
+    now_at = f"level {len(levels) + 1}: {'concurrency' if job.mode == 'concurrency' else 'rate'} " \
+             f"{current['value']:g}" if current else "warming up"
+    _update(job, results=job.results, progress=max(job.progress, _progress(job, len(levels), current)),
+            phase=f"sweeping {label}: {now_at}")
+    return False
+
+
+def _next_config(job: BenchmarkJob, *, unload: bool = True, last: bool = False) -> bool:
+    """The config is done: unload what the job loaded, then the next config or the end."""
+    if unload and job.loaded_by_job and job.load_id is not None:
+        load = ModelLoad.objects.filter(pk=job.load_id).first()
+        if load is not None and load.state in (ModelLoad.State.READY, *ModelLoad.IN_FLIGHT):
+            try:
+                loads.unload_for(None, job.deployment, job.version, server_names=[job.server.name],
+                                 label=f"benchmark {job.pk}")
+            except DomainError as exc:
+                log.warning("benchmark %s: unload refused: %s", job.pk, exc)
+            _update(job, state=State.UNLOADING, phase=f"unloading {config_label(_current_override(job))}")
+            return False
+    return _after_config(job, last=last)
+
+
+def _after_config(job: BenchmarkJob, *, last: bool = False) -> bool:
+    if job.cancel_requested_by:
+        _finish(job, State.CANCELLED, f"cancelled by {job.cancel_requested_by}",
+                summary=summarize_job(job))
+        return False
+    if not last and job.config_index + 1 < _total_configs(job):
+        _update(job, config_index=job.config_index + 1, load_id=None, loaded_by_job=False,
+                run_id="", runner_pid=None, runner_started_at=None, state=State.LOADING,
+                progress=round((job.config_index + 1) / _total_configs(job), 4),
+                phase=f"next: {config_label(job.configs[job.config_index + 1])}")
+        return True
+    summary = summarize_job(job)
+    if summary.get("best_config") is None:
+        errors = "; ".join(e["error"] for e in job.results if e.get("error")) or \
+            "no config carried any load within the SLO"
+        _finish(job, State.FAILED if all(e.get("error") for e in job.results) else State.SUCCEEDED,
+                errors[:300], summary=summary, error=errors if all(e.get("error") for e in job.results) else "")
+        return False
+    _finish(job, State.SUCCEEDED, f"done: {_best_phrase(job, summary)}", summary=summary)
+    return False
+
+
+def _unloading(job: BenchmarkJob) -> bool:
+    load = ModelLoad.objects.filter(pk=job.load_id).first()
+    if load is not None and load.state in ModelLoad.IN_FLIGHT:
+        _update(job, phase=f"unloading {config_label(_current_override(job))}: "
+                           f"{load.get_state_display().lower()}")
+        return False
+    return _after_config(job)
+
+
+def _best_phrase(job: BenchmarkJob, summary: dict[str, Any]) -> str:
+    best = summary.get("best")
+    if not best or best.get("max_load") is None:
+        return "nothing met the SLO"
+    unit = "concurrency" if job.mode == "concurrency" else "req/s offered"
+    return (f"max load within SLO {best['max_load']:g} ({unit}), {best['max_load_rps']:.0f} req/s"
+            + (f" with {summary['best_label']}" if job.configs else ""))
+
+
+def summarize_job(job: BenchmarkJob) -> dict[str, Any]:
+    """The best config (most load within the SLO) and its figures."""
+    best_index = None
+    for i, entry in enumerate(job.results):
+        if entry.get("summary") and not entry.get("error") and sweep.better(
+                entry["summary"], job.results[best_index]["summary"] if best_index is not None else None):
+            best_index = i
+    best = job.results[best_index] if best_index is not None else None
+    return {
+        "best_config": best_index,
+        "best_label": best["label"] if best else None,
+        "best": best["summary"] if best else None,
+        "configs": [{"label": e["label"], "max_load": (e.get("summary") or {}).get("max_load"),
+                     "max_load_rps": (e.get("summary") or {}).get("max_load_rps"),
+                     "error": e.get("error", "")} for e in job.results],
+    }
+
+
+def _cancelling(job: BenchmarkJob) -> bool:
+    """A cancel: stop the runner (its flag is set), then unload what the job loaded."""
+    _cleanup_run(job)
+    if job.run_id:
+        try:
+            levels, _current, _done, _alive = _read_run(job)
+            _entry(job)["levels"] = levels
+        except redis.RedisError:
+            pass
+    _update(job, results=job.results)
+    return _next_config(job, last=True)
+
+
+STEPS = {
+    State.QUEUED: _queued,
+    State.LOADING: _loading,
+    State.RUNNING: _running,
+    State.UNLOADING: _unloading,
+}
+
+
+def advance(job_id: int) -> tuple[str | None, bool]:
+    """At most one step of a job; returns (its state, whether the next may follow at once).
+    An unexpected error fails the job readably (the traceback kept) and unloads what it
+    loaded."""
+    job = _claim(job_id)
+    if job is None:
+        return None, False
+    again = False
+    try:
+        try:
+            if job.cancel_requested_by and job.state != State.UNLOADING:
+                again = _cancelling(job)
+            else:
+                again = STEPS[job.state](job)
+        except (LostLease, DatabaseError):
+            raise
+        except Exception as exc:
+            log.exception("benchmark %s: unexpected error in %s", job_id, job.state)
+            why = f"Switchyard failed unexpectedly while {job.state} ({type(exc).__name__}: {exc})"
+            _entry(job)["error"] = why + "\n" + traceback.format_exc()[-3000:]
+            _update(job, results=job.results)
+            _finish(job, State.FAILED, why, error=why)
+            if job.loaded_by_job and job.load_id:
+                with contextlib.suppress(DomainError):
+                    loads.unload_for(None, job.deployment, job.version,
+                                     server_names=[job.server.name], label=f"benchmark {job.pk}")
+    except LostLease:
+        return None, False
+    finally:
+        BenchmarkJob.objects.filter(pk=job.pk, lease_owner=job.lease_owner).update(
+            lease_owner="", lease_expires_at=None)
+    return job.state, again and job.state in BenchmarkJob.ACTIVE
+
+
+def due_jobs() -> list[int]:
+    now = timezone.now()
+    return list(BenchmarkJob.objects.filter(state__in=BenchmarkJob.ACTIVE)
+                .exclude(lease_expires_at__gt=now).values_list("pk", flat=True))
+
+
+def run_to_end(job_id: int, *, max_ticks: int = 2000, tick_s: float = 0.2) -> BenchmarkJob:
+    """Advance the job and the loads it asked for until it ends (scripts, the bench and
+    tests: no worker needed)."""
+    import time
+
+    for _ in range(max_ticks):
+        job = BenchmarkJob.objects.get(pk=job_id)
+        if job.state in BenchmarkJob.FINAL:
+            return job
+        if job.load_id:
+            loads.advance(job.load_id)
+        _state, again = advance(job_id)
+        if not again:
+            time.sleep(tick_s)
+    return BenchmarkJob.objects.get(pk=job_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Using the results
+# --------------------------------------------------------------------------------------------
+
+
+def latest_result(version: ModelVersion, *, runtime: str | None = None,
+                  mode: str | None = None) -> BenchmarkJob | None:
+    """The newest succeeded benchmark of a version (on servers of ``runtime``, in ``mode``)."""
+    found = BenchmarkJob.objects.filter(version=version, state=State.SUCCEEDED)
+    if runtime:
+        found = found.filter(server__runtime=runtime)
+    if mode:
+        found = found.filter(mode=mode)
+    return found.order_by("-finished_at", "-pk").first()
+
+
+def gate(candidate: ModelVersion, baseline: ModelVersion, max_drop_pct: float,
+         *, mode: str | None = None) -> dict[str, Any]:
+    """The benchmark gate of a rollout: the candidate's max load within the SLO may fall
+    below the baseline's by at most ``max_drop_pct`` percent. ``passed`` is None when either
+    has no benchmark yet (with what to run in ``message``)."""
+    base_job = latest_result(baseline, mode=mode)
+    cand_job = latest_result(candidate, mode=mode or (base_job.mode if base_job else None))
+    missing = [f"v{v.version}" for v, j in ((candidate, cand_job), (baseline, base_job)) if j is None]
+    if missing:
+        return {"passed": None, "message": f"no benchmark of {' and '.join(missing)} yet: run one first"}
+    base = ((base_job.summary or {}).get("best") or {}).get("max_load_rps")
+    cand = ((cand_job.summary or {}).get("best") or {}).get("max_load_rps")
+    data = {"candidate_job": cand_job.pk, "baseline_job": base_job.pk, "candidate_rps": cand,
+            "baseline_rps": base, "max_drop_pct": max_drop_pct}
+    if not base:
+        return {"passed": None, "message": f"v{baseline.version}'s benchmark found no load "
+                f"within its SLO to compare with", **data}
+    floor = base * (1 - max_drop_pct / 100.0)
+    drop = (1 - (cand or 0.0) / base) * 100.0
+    data["drop_pct"] = round(drop, 2)
+    if (cand or 0.0) >= floor:
+        return {"passed": True, "message": f"v{candidate.version} carries {cand or 0:.0f} req/s within "
+                f"its SLO against {base:.0f} for v{baseline.version} ({drop:+.1f}% drop, "
+                f"{max_drop_pct:g}% allowed)", **data}
+    return {"passed": False, "message": f"v{candidate.version} carries {cand or 0:.0f} req/s within its "
+            f"SLO, {drop:.1f}% below v{baseline.version}'s {base:.0f} (at most {max_drop_pct:g}% "
+            "allowed)", **data}
+
+
+def register_config(actor: Any, job: BenchmarkJob, index: int | None = None) -> ModelVersion:
+    """Register the best (or ``index``) config of a config sweep as a new version of the model:
+    the same artifact, the measured config, lineage pointing at the job."""
+    from rollouts import registry
+
+    if job.state != State.SUCCEEDED or not job.configs:
+        raise Conflict("only a finished config sweep has a config to register", field="job")
+    chosen = job.summary.get("best_config") if index is None else index
+    if chosen is None or not 0 <= chosen < len(job.results) or job.results[chosen].get("error"):
+        raise DomainError("no measured config with that index", field="config")
+    version = job.version
+    from django.db.models import Max
+
+    data = {name: getattr(version, name) for name in registry.VERSION_FIELDS}
+    data["version"] = (version.model.versions.aggregate(top=Max("version"))["top"] or 0) + 1
+    data["triton_config"] = full_config(version, job.configs[chosen])
+    data["labels"] = {**(version.labels or {}), "derived_from": f"v{version.version}",
+                      "benchmark_job": str(job.pk), "benchmark_config": job.results[chosen]["label"]}
+    made, _ = registry.register_version(actor, version.model, data)
+    return made
