@@ -15,6 +15,10 @@ A canary's steps::
     {"pause": {}}                   wait until a person resumes
     {"analysis": {...}}             judge the canary until it passes (overrides ``analysis``)
     {"approval": {}}                wait until an approver who is not the requester approves
+    {"benchmark": {"max_drop_pct": 10}}
+                                    the candidate's max load within its SLO (its newest
+                                    benchmark) may fall below the baseline's by at most 10%;
+                                    without a benchmark of both it pauses for a person
 
 Every tick of a running canary first watches its health: a candidate load that is no longer
 ready, a candidate server the health probes call unhealthy or unreachable, or the
@@ -190,10 +194,27 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
             if value not in ({}, None):
                 raise DomainError("approval takes no settings: {}", field=where)
             out.append({"approval": {}})
+        elif kind == "benchmark":
+            out.append({"benchmark": _parse_benchmark_step(value, where)})
         else:
-            raise DomainError(f"unknown step {str(kind)[:40]!r}: set_weight, pause, analysis or "
-                              "approval", field=where)
+            raise DomainError(f"unknown step {str(kind)[:40]!r}: set_weight, pause, analysis, "
+                              "approval or benchmark", field=where)
     return out
+
+
+def _parse_benchmark_step(value: object, where: str) -> dict[str, Any]:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict) or set(value) - {"max_drop_pct", "mode"}:
+        raise DomainError('benchmark is {"max_drop_pct": N} (and optionally "mode": '
+                          '"concurrency" or "rate")', field=where)
+    drop = value.get("max_drop_pct", 10)
+    if not _is_number(drop) or not 0 <= drop <= 100:
+        raise DomainError(f"max_drop_pct is a percentage from 0 to 100, got {drop!r}"[:200], field=where)
+    mode = value.get("mode")
+    if mode not in (None, "concurrency", "rate"):
+        raise DomainError("mode is concurrency or rate", field=where)
+    return {"max_drop_pct": float(drop), **({"mode": mode} if mode else {})}
 
 
 def _version(deployment: Deployment, number: object, field: str) -> ModelVersion:
@@ -1076,11 +1097,32 @@ def _after_analysis(rollout: Rollout, row: RolloutAnalysis) -> bool:
     return False
 
 
+def _benchmark_step(rollout: Rollout, value: dict[str, Any]) -> bool:
+    """The benchmark gate: the candidate's measured capacity against the baseline's."""
+    from rollouts.benchmarks import jobs as benchmark_jobs
+
+    found = benchmark_jobs.gate(rollout.candidate, rollout.baseline, value.get("max_drop_pct", 10),
+                                mode=value.get("mode"))
+    step = f"step {rollout.step_index + 1}: benchmark gate"
+    if found["passed"] is True:
+        _next_step(rollout, f"{step} passed: {found['message']}", data={"benchmark": found})
+        return True
+    if found["passed"] is False:
+        _back_to_baseline(rollout, f"{step} failed: {found['message']}", State.ROLLED_BACK,
+                          data={"benchmark": found})
+        return False
+    _move(rollout, State.PAUSED, f"{step}: {found['message']}", data={"benchmark": found},
+          waiting_for="a person: the benchmark gate has nothing to compare (run the "
+                      "benchmarks, then resume to judge again; promote skips it)")
+    return False
+
+
 STEP_KINDS: dict[str, Callable[[Rollout, Any], bool]] = {
     "set_weight": _set_weight,
     "pause": _pause,
     "analysis": _analysis_step,
     "approval": _approval_step,
+    "benchmark": _benchmark_step,
 }
 
 

@@ -764,3 +764,52 @@ def test_a_celery_worker_killed_mid_step_leaves_a_rollout_another_worker_finishe
     assert_each_step_once(world, ended)
     assert weights_now(world).get(2) == 100
     assert set(variants_answering(world, 10)) == {"v2-triton"}
+
+
+def _benchmark(world, version: int) -> None:
+    from rollouts.benchmarks import jobs as benchmark_jobs
+
+    job, _ = benchmark_jobs.create_job(
+        world.user, world.deployment, version=version, levels=[1, 2, 4], duration_s=1.5,
+        warmup_s=0.3, refine_steps=0, slo={"p99_ms": 60},
+    )
+    done = benchmark_jobs.run_to_end(job.pk)
+    assert done.state == "succeeded", (done.state, done.error)
+
+
+def test_the_benchmark_gate_rolls_back_a_canary_that_carries_less_load_before_any_traffic(stack):
+    """Both versions benchmarked for real on the deployment's Triton (v1 ready there, v3 loaded
+    by its job and unloaded again): v3 sleeps three times as long per request, so it carries
+    about a third of v1's load within the SLO, far past the 10% drop allowed."""
+    world = stack
+    world.version(3, config=slow_config(3, 12))
+    _benchmark(world, 1)
+    _benchmark(world, 3)
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"benchmark": {"max_drop_pct": 10}}, {"set_weight": 50}],
+    )
+    ended = rollouts.run_to_end(made.pk, max_ticks=200)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    assert "benchmark gate failed" in ended.reason and "below v1" in ended.reason
+    evidence = ended.events.get(kind="rollback").data["benchmark"]
+    assert evidence["candidate_rps"] < evidence["baseline_rps"] * 0.9
+    # No traffic ever reached the candidate.
+    assert Route.objects.get(pk=world.deployment.pk).version_weights.get(3, 0) == 0
+    for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
+        rollouts.loads.run_to_end(load.pk)
+
+
+def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, steps=[{"benchmark": {}}, {"set_weight": 100}],
+    )
+    paused = rollouts.run_to_end(made.pk, max_ticks=200)
+    assert paused.state == State.PAUSED, (paused.state, paused.reason)
+    assert "benchmark gate" in paused.waiting_for
+    assert "no benchmark of v2 and v1" in paused.events.filter(kind="state").last().message
+    rollouts.request_action(world.user, paused, "abort")
+    assert rollouts.run_to_end(made.pk, max_ticks=200).state == State.ABORTED
