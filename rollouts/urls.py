@@ -1,6 +1,6 @@
 from django.urls import path
 
-from rollouts import rollout_views, views
+from rollouts import benchmark_views, rollout_views, views
 
 app_name = "rollouts"
 urlpatterns = [
@@ -22,10 +22,18 @@ urlpatterns = [
          name="deployment-route-remove"),
     path("deployments/<int:pk>/rollouts/start/", views.deployment_rollout_start,
          name="deployment-rollout-start"),
+    path("deployments/<int:pk>/benchmarks/start/", views.deployment_benchmark_start,
+         name="deployment-benchmark-start"),
     path("loads/<int:pk>/", views.load_detail, name="load"),
     path("rollouts/", rollout_views.rollout_list, name="rollouts"),
     path("rollouts/<int:pk>/", rollout_views.rollout_detail, name="rollout"),
     path("rollouts/<int:pk>/status/", rollout_views.rollout_status, name="rollout-status"),
     path("rollouts/<int:pk>/latency/", rollout_views.rollout_latency, name="rollout-latency"),
     path("rollouts/<int:pk>/<slug:action>/", rollout_views.rollout_action, name="rollout-action"),
+    path("benchmarks/", benchmark_views.benchmark_list, name="benchmarks"),
+    path("benchmarks/compare/", benchmark_views.benchmark_compare, name="benchmark-compare"),
+    path("benchmarks/<int:pk>/", benchmark_views.benchmark_detail, name="benchmark"),
+    path("benchmarks/<int:pk>/status/", benchmark_views.benchmark_status, name="benchmark-status"),
+    path("benchmarks/<int:pk>/<slug:action>/", benchmark_views.benchmark_action,
+         name="benchmark-action"),
 ]

@@ -19,7 +19,13 @@ from fleet.models import AuditEvent, Membership, Placement, Tenant
 from fleet.tenancy import has_role, require_role
 from fleet.visibility import reported_models
 from rollouts import approvals, deployments, routes, samples
+from rollouts.benchmark_views import (
+    deployment_benchmarks_context,
+    start_benchmark,
+    version_benchmark_context,
+)
 from rollouts.forms import (
+    BenchmarkStartForm,
     DeploymentDeleteForm,
     DeploymentLoadForm,
     RolloutStartForm,
@@ -108,7 +114,7 @@ def _render_version(
         "can_decide": has_role(request.user, tenant, Membership.Role.APPROVER),
         "is_requester": approvals.is_requester(request.user, version),
         "form": form,
-    }
+    } | version_benchmark_context(version)
     return render(request, "rollouts/version_detail.html", context, status=status)
 
 
@@ -242,7 +248,7 @@ def _traffic_context(
 def _render_deployment(
     request: HttpRequest, deployment: Deployment, form: DeploymentLoadForm | None = None,
     status: int = 200, route_form: RouteForm | RouteDefaultForm | RouteRemoveForm | None = None,
-    rollout_form: RolloutStartForm | None = None,
+    rollout_form: RolloutStartForm | None = None, benchmark_form: BenchmarkStartForm | None = None,
 ) -> HttpResponse:
     loadable = deployment.model.versions.exclude(
         status__in=[ModelVersion.Status.REJECTED, ModelVersion.Status.ARCHIVED]
@@ -273,7 +279,8 @@ def _render_deployment(
             state__in=Placement.HOLDING,
         ).select_related("server", "model_version"),
     } | _traffic_context(request, deployment, can_deploy, route_form) | (
-        deployment_rollouts_context(request, deployment, can_deploy, rollout_form))
+        deployment_rollouts_context(request, deployment, can_deploy, rollout_form)) | (
+        deployment_benchmarks_context(request, deployment, can_deploy, benchmark_form))
     return render(request, "rollouts/deployment_detail.html", context, status=status)
 
 
@@ -353,6 +360,20 @@ def deployment_rollout_start(request: HttpRequest, pk: int) -> HttpResponse:
     if made is None:
         return _render_deployment(request, deployment, status=form.status_code, rollout_form=form)
     return redirect("rollouts:rollout", pk=made.pk)
+
+
+@login_required
+@require_POST
+def deployment_benchmark_start(request: HttpRequest, pk: int) -> HttpResponse:
+    """Start a benchmark: on to the job's page, or the deployment page again with the
+    refusal next to the field it names."""
+    deployment = _deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    made, form = start_benchmark(request, deployment)
+    if made is None:
+        return _render_deployment(request, deployment, status=form.status_code,
+                                  benchmark_form=form)
+    return redirect("rollouts:benchmark", pk=made.pk)
 
 
 @login_required
