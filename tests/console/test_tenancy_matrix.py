@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 from django.test import Client
@@ -39,8 +39,8 @@ from fleet.models import (
     WebhookDelivery,
 )
 from rollouts import approvals
-from rollouts.forms import RolloutActionForm, VersionActionForm
-from rollouts.models import Deployment, ModelLoad, ModelVersion, Rollout, Route
+from rollouts.forms import BenchmarkActionForm, RolloutActionForm, VersionActionForm
+from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion, Rollout, Route
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory
@@ -143,6 +143,49 @@ class World(ApiWorld):
         is routed until the reconciler runs), so a rollout may be asked for."""
         Cluster.objects.filter(pk=self.cluster.pk).update(router_kind=Cluster.RouterKind.NGINX)
         return self.routable_a
+
+    # --- benchmarks (rows as the reconciler leaves them; nothing is run)
+    def _bench(self, deployment: Deployment, state: str, **fields: Any) -> BenchmarkJob:
+        deployment.servers.add(self.server)
+        version = self.version_a if deployment == self.deployment_a else self.version_b
+        return BenchmarkJob.objects.create(**{
+            "tenant": deployment.tenant, "deployment": deployment, "version": version,
+            "server": self.server, "protocol": BenchmarkJob.Protocol.TRITON_HTTP,
+            "levels": [1, 2], "slo": {"p99_ms": 50.0, "error_rate": 0.01}, "state": state,
+            "requested_by_label": "seed", **fields,
+        })
+
+    @cached_property
+    def bench_a(self) -> BenchmarkJob:
+        """A benchmark of model A running on the shared server."""
+        return self._bench(self.deployment_a, BenchmarkJob.State.RUNNING, progress=0.5)
+
+    @cached_property
+    def bench_b(self) -> BenchmarkJob:
+        return self._bench(self.deployment_b, BenchmarkJob.State.SUCCEEDED)
+
+    @cached_property
+    def sweep_a(self) -> BenchmarkJob:
+        """A finished config sweep of model A (two instance counts; the second is best)."""
+        configs = [{"instance_group": [{"count": n, "kind": "KIND_CPU"}]} for n in (1, 2)]
+        summaries = [{"max_load": n * 2, "max_load_rps": n * 100.0} for n in (1, 2)]
+        return self._bench(
+            self.deployment_a, BenchmarkJob.State.SUCCEEDED, configs=configs,
+            results=[{"config": c, "label": f"{n} instance{'s' if n > 1 else ''}", "levels": [],
+                      "summary": sm, "error": ""}
+                     for n, c, sm in zip((1, 2), configs, summaries, strict=True)],
+            summary={"best_config": 1, "best_label": "2 instances", "best": summaries[1]})
+
+    @cached_property
+    def benchmarked_a(self) -> Deployment:
+        """Deployment A with a benchmark running (its page lists it)."""
+        return self.bench_a.deployment
+
+    @cached_property
+    def benchable_a(self) -> Deployment:
+        """Deployment A on the server with a cpu quota, so a benchmark may be asked for."""
+        _ = self.quota_a, self.version_a
+        return self.served_a
 
 
 @pytest.fixture
@@ -342,6 +385,27 @@ PAGES: list[Page] = [
          data=lambda w: {"strategy": "canary", "version": str(w.spare_a.version),
                          "steps": '[{"set_weight": 50}, {"pause": {}}]'},
          done=lambda w, p: Rollout.objects.filter(deployment=w.deployment_a).exists()),
+    # --- benchmarks: the list, a job's page and live part, cancel and register-config, two
+    # compared, the start form on the deployment page
+    Page("rollouts:benchmarks", scope="list", rows=("dep-a", "dep-b"),
+         setup=("bench_a", "bench_b")),
+    Page("rollouts:benchmarks", scope="list", htmx=True, rows=("dep-a", "dep-b"),
+         setup=("bench_a", "bench_b")),
+    Page("rollouts:benchmark", "bench_a"),
+    Page("rollouts:benchmark-status", "bench_a", htmx=True),
+    Page("rollouts:benchmark-compare", data=lambda w: {"a": w.bench_a.pk, "b": w.sweep_a.pk}),
+    Page("rollouts:benchmark-action", "bench_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "cancel"}, ok=(302,),
+         done=lambda w, p: bool(fresh(w.bench_a).cancel_requested_by)),
+    Page("rollouts:benchmark-action", "sweep_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "register-config"}, ok=(302,),
+         done=lambda w, p: ModelVersion.objects.filter(
+             model=w.model_a, labels__benchmark_job=str(w.sweep_a.pk)).exists()),
+    Page("rollouts:deployment", "benchmarked_a", "benchmarked"),
+    Page("rollouts:deployment-benchmark-start", "benchable_a", method="POST", role=Role.DEPLOYER,
+         ok=(302,), data=lambda w: {"version": "1", "mode": "concurrency", "levels": "1, 2",
+                                    "duration_s": "2", "warmup_s": "0"},
+         done=lambda w, p: BenchmarkJob.objects.filter(deployment=w.deployment_a).exists()),
 ]
 
 
@@ -371,6 +435,8 @@ def test_the_matrix_covers_every_console_url():
     assert actions == set(VersionActionForm.ACTIONS)
     actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:rollout-action"}
     assert actions == set(RolloutActionForm.ACTIONS)
+    actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:benchmark-action"}
+    assert actions == set(BenchmarkActionForm.ACTIONS)
     ids = [page.id for page in PAGES]
     assert len(ids) == len(set(ids)), "a page is listed twice"
 
@@ -388,6 +454,8 @@ def state(world: World) -> tuple[Any, ...]:
         WebhookDelivery.objects.count(),
         list(Rollout.objects.order_by("pk").values_list("pk", "state", "requested_action",
                                                          "attempt")),
+        list(BenchmarkJob.objects.order_by("pk").values_list("pk", "state",
+                                                              "cancel_requested_by")),
     )
 
 
@@ -416,7 +484,9 @@ def test_console_tenancy(world, page, persona, expected):
     body = response.content.decode()
 
     if expected == "login":
-        login = f"{reverse('login')}?next={quote(url)}"
+        # A GET's data is its query string, which the way back to the page keeps.
+        back = f"{url}?{urlencode(data)}" if page.method == "GET" and data else url
+        login = f"{reverse('login')}?next={quote(back)}"
         if page.htmx:
             assert response.status_code == 401, body
             assert response["HX-Redirect"] == login
