@@ -92,6 +92,9 @@ class Tally:
     output_tokens: int = 0
     window_s: float = 0.0
     cancelled: bool = False
+    # Successful answers that arrived inside the window (whenever they were sent); None where
+    # not tracked, and throughput is then ``len(latencies)`` over the window.
+    answered_in_window: int | None = None
 
     def error(self, kind: str, detail: str = "") -> None:
         self.errors[kind] += 1
@@ -137,6 +140,10 @@ def summarize(level: Level, tally: Tally, goodput: dict[str, float | None] | Non
     failed = sum(tally.errors.values())
     total = ok + failed
     window = tally.window_s or level.duration_s
+    # What the server delivered inside the window: in an overloaded open loop, requests sent in
+    # the window are still being answered long after it, so counting them would report the
+    # offered rate instead of the server's.
+    delivered = ok if tally.answered_in_window is None else tally.answered_in_window
     result: dict[str, Any] = {
         "mode": level.mode,
         "value": level.value,
@@ -146,7 +153,7 @@ def summarize(level: Level, tally: Tally, goodput: dict[str, float | None] | Non
         "error_rate": round(failed / total, 6) if total else 0.0,
         "first_error": tally.first_error,
         "window_s": round(window, 3),
-        "throughput_rps": round(ok / window, 3) if window > 0 else 0.0,
+        "throughput_rps": round(delivered / window, 3) if window > 0 else 0.0,
         "offered_rps": level.value if level.mode == "rate" else None,
         "latency_ms": percentiles(tally.latencies),
         "cancelled": tally.cancelled,
@@ -198,7 +205,12 @@ def request_bytes(url: str, path: str, body: bytes) -> bytes:
 
 
 class _HttpConnection(asyncio.Protocol):
-    """One keep-alive connection with at most one request in flight."""
+    """One keep-alive connection with at most one request in flight.
+
+    Responses are framed by Content-Length or by walking the chunks of a chunked body (chunk
+    extensions and trailers allowed); bytes may arrive split anywhere, and a response's bytes
+    are kept only when its status is an error (for the error's text).
+    """
 
     def __init__(self, driver: _HttpDriver) -> None:
         self.driver = driver
@@ -207,9 +219,9 @@ class _HttpConnection(asyncio.Protocol):
         self.sent_at = 0.0
         self.busy = False
         self.closed = False
-        self._end = -1  # where the response in ``buf`` ends, once its head is read
+        self._end = -1  # where the response in ``buf`` ends, once its framing is known
         self._status = 0
-        self._chunked = False
+        self._chunk = -1  # chunked body: where the next chunk-size line starts
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -222,46 +234,79 @@ class _HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        while True:
-            if self._end < 0 and not self._read_head():
-                return
-            if self._chunked:
-                end = buf.find(b"\r\n0\r\n\r\n")
+        while buf:
+            end = self._end
+            if end < 0:
+                try:
+                    end = self._frame()
+                except ValueError as exc:
+                    self.driver.failed(self, "protocol", f"unreadable response: {exc}")
+                    return
                 if end < 0:
                     return
-                self._end = end + 7
-            if len(buf) < self._end:
+            if len(buf) < end:
                 return
-            body = bytes(buf[:self._end]) if self._status >= 300 else b""
-            del buf[:self._end]
+            status = self._status
+            body = bytes(buf[:end]) if status >= 300 else b""
+            del buf[:end]
             self._end = -1
             self.busy = False
-            self.driver.answered(self, self._status, body)
+            self.driver.answered(self, status, body)
 
-    def _read_head(self) -> bool:
+    def _frame(self) -> int:
+        """Where the response at the start of ``buf`` ends, or -1 while bytes are missing."""
         buf = self.buf
-        head_end = buf.find(b"\r\n\r\n")
-        if head_end < 0:
-            return False
-        head = bytes(buf[:head_end]).lower()
-        try:
-            self._status = int(head[9:12])
-        except ValueError:
-            self._status = 599
-        marker = head.find(b"content-length:")
-        if marker >= 0:
-            line_end = head.find(b"\r\n", marker)
-            length = int(head[marker + 15:line_end if line_end >= 0 else len(head)])
-            self._chunked = False
-            self._end = head_end + 4 + length
-        else:
-            self._chunked = b"transfer-encoding: chunked" in head
-            self._end = head_end + 4
-        return True
+        pos = self._chunk
+        if pos < 0:
+            head_end = buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return -1
+            try:
+                self._status = int(buf[9:12])
+            except ValueError:
+                self._status = 599
+            length = _header(buf, head_end, b"content-length")
+            if length is not None:
+                self._end = head_end + 4 + int(length)
+                return self._end
+            if b"chunked" not in (_header(buf, head_end, b"transfer-encoding") or b"").lower():
+                self._end = head_end + 4
+                return self._end
+            pos = head_end + 4
+        while True:
+            line_end = buf.find(b"\r\n", pos)
+            if line_end < 0:
+                self._chunk = pos
+                return -1
+            size = int(buf[pos:line_end].split(b";", 1)[0], 16)
+            if size == 0:  # the last chunk, then trailers (if any) and an empty line
+                end = buf.find(b"\r\n\r\n", line_end)
+                if end < 0:
+                    self._chunk = pos
+                    return -1
+                self._chunk = -1
+                self._end = end + 4
+                return self._end
+            pos = line_end + 4 + size
+            if pos >= len(buf):
+                self._chunk = pos
+                return -1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.driver.lost(self, exc)
+
+
+def _header(buf: bytearray, head_end: int, name: bytes) -> bytes | None:
+    """The value of header ``name`` (lower case) in the response head ``buf[:head_end]``."""
+    at = buf.find(b"\r\n" + name.title() + b":", 0, head_end)  # as servers write it
+    if at < 0:
+        at = bytes(buf[:head_end]).lower().find(b"\r\n" + name + b":")
+        if at < 0:
+            return None
+    start = at + len(name) + 3
+    line_end = buf.find(b"\r\n", start, head_end)
+    return bytes(buf[start:line_end if line_end >= 0 else head_end]).strip()
 
 
 class _HttpDriver:
@@ -286,6 +331,9 @@ class _HttpDriver:
         self.done = asyncio.Event()
         self.connecting = 0
         self.tasks: set[asyncio.Task[None]] = set()
+        self.closed_loop = level.mode == "concurrency"
+        self.max_requests = level.max_requests
+        self.latencies = tally.latencies
 
     def spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)
@@ -299,7 +347,8 @@ class _HttpDriver:
         self.next_payload = (self.next_payload + 1) % len(payloads)
         return payloads[self.next_payload]
 
-    async def connect(self) -> _HttpConnection | None:
+    async def connect(self) -> _HttpConnection | str:
+        """A new connection, or why none could be made."""
         self.connecting += 1
         try:
             _, conn = await asyncio.wait_for(
@@ -307,8 +356,7 @@ class _HttpDriver:
                 timeout=self.target.timeout_s,
             )
         except (OSError, TimeoutError) as exc:
-            self.tally.error("connect", str(exc) or type(exc).__name__)
-            return None
+            return str(exc) or type(exc).__name__
         finally:
             self.connecting -= 1
         self.connections.add(conn)
@@ -324,18 +372,46 @@ class _HttpDriver:
             self.tally.error(kind, detail)
 
     def answered(self, conn: _HttpConnection, status: int, body: bytes) -> None:
+        # The hot path of every response: one clock read, the next request (closed loop) sent
+        # before the bookkeeping, so that is not in the next request's latency.
         now = time.perf_counter()
-        if status == 200:
-            self.record(conn.sent_at, now, True)
-        else:
-            self.record(conn.sent_at, now, False, f"http_{status}", body[-300:].decode(errors="replace"))
-        self.reuse(conn, now)
+        clock = self.clock
+        sent_at = conn.sent_at
+        counted = clock.window_start <= sent_at < clock.window_end
+        if counted:
+            clock.measured += 1
+        again = self.closed_loop and now < clock.window_end and (
+            not self.max_requests or clock.measured < self.max_requests)
+        if again:
+            conn.sent_at = now
+            conn.busy = True
+            conn.transport.write(self.payload())  # type: ignore[union-attr]
+        if status == 200 and clock.window_start <= now < clock.window_end:
+            self.tally.answered_in_window += 1  # type: ignore[operator]
+        if counted:
+            if status == 200:
+                self.latencies.append(now - sent_at)
+            else:
+                self.tally.error(f"http_{status}", body[-300:].decode(errors="replace"))
+        if not again:
+            self.reuse(conn, now)
+
+    def failed(self, conn: _HttpConnection, kind: str, detail: str) -> None:
+        """A request in flight that will get no answer on ``conn``: count it, drop the
+        connection, and (closed loop) put a new connection in its slot."""
+        if not conn.busy:
+            return
+        conn.busy = False
+        self.record(conn.sent_at, time.perf_counter(), False, kind, detail)
+        conn.transport.abort()  # type: ignore[union-attr]
+        if self.closed_loop:
+            self.spawn(self.replace())
 
     def reuse(self, conn: _HttpConnection, now: float) -> None:
         if not self.clock.sending(now):
             self.maybe_done()
             return
-        if self.level.mode == "concurrency":
+        if self.closed_loop:
             conn.send(self.payload(), now)
         elif self.pending:
             conn.send(self.payload(), self.pending.popleft())
@@ -350,7 +426,7 @@ class _HttpDriver:
             conn.busy = False
             self.record(conn.sent_at, time.perf_counter(), False, "connection",
                         str(exc) if exc else "server closed the connection")
-            if self.level.mode == "concurrency":
+            if self.closed_loop:
                 self.spawn(self.replace())
         self.maybe_done()
 
@@ -358,11 +434,12 @@ class _HttpDriver:
         """A closed-loop slot whose connection broke: reconnect after a short pause."""
         await asyncio.sleep(RECONNECT_PAUSE_S)
         while self.clock.sending(time.perf_counter()) and not self.stop():
+            tried = time.perf_counter()
             conn = await self.connect()
-            if conn is not None:
+            if isinstance(conn, _HttpConnection):
                 conn.send(self.payload(), time.perf_counter())
                 return
-            self.record(time.perf_counter(), time.perf_counter(), False, "connect", "")
+            self.record(tried, time.perf_counter(), False, "connect", conn)
             await asyncio.sleep(RECONNECT_PAUSE_S)
         self.maybe_done()
 
@@ -374,12 +451,10 @@ class _HttpDriver:
     def expire(self, now: float) -> None:
         for conn in list(self.connections):
             if conn.busy and now - conn.sent_at > self.target.timeout_s:
-                conn.busy = False
-                self.record(conn.sent_at, now, False, "timeout", f"no answer in {self.target.timeout_s:g} s")
-                conn.transport.abort()  # type: ignore[union-attr]
+                self.failed(conn, "timeout", f"no answer in {self.target.timeout_s:g} s")
 
     async def run(self) -> None:
-        if self.level.mode == "concurrency":
+        if self.closed_loop:
             for _ in range(max(int(self.level.value), 1)):
                 self.spawn(self.replace_now())
         else:
@@ -392,11 +467,13 @@ class _HttpDriver:
             conn.transport.abort()  # type: ignore[union-attr]
 
     async def replace_now(self) -> None:
+        tried = time.perf_counter()
         conn = await self.connect()
-        if conn is None:
-            await self.replace()
+        if isinstance(conn, _HttpConnection):
+            conn.send(self.payload(), time.perf_counter())
             return
-        conn.send(self.payload(), time.perf_counter())
+        self.record(tried, time.perf_counter(), False, "connect", conn)
+        await self.replace()
 
     async def arrivals(self) -> None:
         """Poisson arrivals at ``level.value`` per second until the window closes."""
@@ -425,9 +502,9 @@ class _HttpDriver:
 
     async def open_for_pending(self) -> None:
         conn = await self.connect()
-        if conn is None:
+        if not isinstance(conn, _HttpConnection):
             if self.pending:
-                self.record(self.pending.popleft(), time.perf_counter(), False, "connect", "")
+                self.record(self.pending.popleft(), time.perf_counter(), False, "connect", conn)
             self.maybe_done()
             return
         self.reuse(conn, time.perf_counter())
@@ -484,6 +561,8 @@ class _TaskDriver:
         try:
             async with asyncio.timeout(self.target.timeout_s):
                 await self.one(sent_at, counts)
+            if self.clock.counts(time.perf_counter()):
+                self.tally.answered_in_window += 1  # type: ignore[operator]
         except TimeoutError:
             if counts:
                 self.tally.error("timeout", f"no answer in {self.target.timeout_s:g} s")
