@@ -55,7 +55,7 @@ class Plan:
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(
             mode=data["mode"],
-            levels=tuple(sorted(float(v) for v in data["levels"])),
+            levels=tuple(sorted({float(v) for v in data["levels"]})),  # each level once
             refine_steps=int(data.get("refine_steps", DEFAULT_REFINE_STEPS)),
             error_limit=float(data.get("error_limit", DEFAULT_ERROR_LIMIT)),
             saturation_gain=float(data.get("saturation_gain", DEFAULT_SATURATION_GAIN)),
