@@ -656,52 +656,92 @@ def _grpc_request(target: Target) -> Any:
 
 
 def _stream_chunks(line: bytes) -> dict[str, Any] | None:
+    """One line of an OpenAI server-sent event stream: the chunk's JSON, ``{"done": True}``
+    for the end marker, None for anything else (blank lines, comments, other fields). A
+    ``data:`` line that is not a JSON object fails the request (``bad_stream``)."""
     line = line.strip()
     if not line.startswith(b"data:"):
         return None
     data = line[5:].strip()
     if data == b"[DONE]":
         return {"done": True}
-    return json.loads(data)
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise _RequestFailed("bad_stream", f"not a JSON object: {data[:200]!r}")
+    return chunk
 
 
 def _openai_one(target: Target, session: Any, tally: Tally, bodies: list[bytes]) -> Callable[..., Any]:
+    """One streamed completion per call, timed from ``sent_at`` (the scheduled send time in
+    an open loop): TTFT is when the first chunk carrying tokens arrives; each later token gets
+    one inter-token gap. How many tokens a chunk carries is read from the running
+    ``usage.completion_tokens`` (``continuous_usage_stats``) where the server sends it, else
+    one per chunk with text; a chunk that carries ``k`` tokens (vLLM merges the outputs of a
+    stream its client reads too slowly) shares the gap since the previous chunk among them, so
+    the gaps of a request add up to its decode time and number one fewer than its tokens, as
+    in vLLM's own inter-token histogram. An ``error`` object in the stream fails the request."""
     url = target.url.rstrip("/") + target.path()
+    headers = {"Content-Type": "application/json"}
     turn = [0]
+
+    def has_text(choices: list[Any]) -> bool:
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content") or delta.get("reasoning_content"):
+                return True
+        return False
 
     async def one(sent_at: float, counts: bool) -> None:
         body = bodies[turn[0] % len(bodies)]
         turn[0] += 1
-        token_times: list[float] = []
-        usage_tokens = None
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        arrivals: list[tuple[float, int]] = []  # (when, tokens the chunk carried)
+        running = 0  # completion tokens the stream reported so far
+        final_tokens = None
+        async with session.post(url, data=body, headers=headers) as resp:
             if resp.status != 200:
                 raise _RequestFailed(f"http_{resp.status}", (await resp.text())[:300])
             async for raw in resp.content:
                 chunk = _stream_chunks(raw)
                 if chunk is None or chunk.get("done"):
                     continue
-                if chunk.get("usage"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
-                for choice in chunk.get("choices") or []:
-                    text = choice.get("text")
-                    if text is None:
-                        text = (choice.get("delta") or {}).get("content")
-                    if text:
-                        token_times.append(time.perf_counter())
+                now = time.perf_counter()
+                if chunk.get("error"):
+                    error = chunk["error"]
+                    message = error.get("message") if isinstance(error, dict) else error
+                    raise _RequestFailed("stream_error", str(message)[:300])
+                usage = chunk.get("usage") or {}
+                reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+                choices = chunk.get("choices") or []
+                if not choices:
+                    if isinstance(reported, int):
+                        final_tokens = reported
+                    continue
+                if isinstance(reported, int):
+                    carried, running = max(reported - running, 0), max(reported, running)
+                else:
+                    carried = 1 if has_text(choices) else 0
+                if carried:
+                    arrivals.append((now, carried))
         if not counts:
             return
         end = time.perf_counter()
-        if not token_times:
+        if not arrivals:
             raise _RequestFailed("empty_stream", "the stream carried no tokens")
+        first, first_tokens = arrivals[0]
         tally.latencies.append(end - sent_at)
-        tally.ttft.append(token_times[0] - sent_at)
-        tally.itl.extend(b - a for a, b in itertools.pairwise(token_times))
-        if len(token_times) > 1:
-            tally.tpot.append((token_times[-1] - token_times[0]) / (len(token_times) - 1))
-        else:
-            tally.tpot.append(0.0)
-        tally.output_tokens += usage_tokens if usage_tokens is not None else len(token_times)
+        tally.ttft.append(first - sent_at)
+        gaps = [0.0] * (first_tokens - 1)
+        for (before, _), (at, carried) in itertools.pairwise(arrivals):
+            gaps.extend([(at - before) / carried] * carried)
+        tally.itl.extend(gaps)
+        tally.tpot.append((arrivals[-1][0] - first) / len(gaps) if gaps else 0.0)
+        streamed = sum(carried for _, carried in arrivals)
+        tally.output_tokens += final_tokens if final_tokens is not None else streamed
 
     return one
 
