@@ -466,7 +466,11 @@ WORDS = ["switchyard", "measures", "capacity", "with", "tokens", "from", "many",
 
 def llm_bodies(job: BenchmarkJob, model_name: str, count: int = 64) -> list[bytes]:
     """Streamed OpenAI requests with prompt and output lengths drawn from the job's
-    distributions (``ignore_eos`` keeps vLLM generating to the length asked for)."""
+    distributions. ``min_tokens`` with ``ignore_eos`` keeps vLLM generating exactly the length
+    asked for (vLLM 0.32 honours both: every answer has ``max_tokens`` tokens, finish reason
+    ``length``); ``continuous_usage_stats`` puts the running token count in every chunk, so
+    the engine knows how many tokens each chunk carries. A prompt word is about one token
+    (about 1.05 with SmolLM2's tokenizer); chat requests add the model's chat template on top."""
     rng = random.Random(job.pk)
     prompt = job.request.get("prompt_tokens") or {"mean": 32, "spread": 8}
     output = job.request.get("output_tokens") or {"mean": 32, "spread": 0}
@@ -478,7 +482,7 @@ def llm_bodies(job: BenchmarkJob, model_name: str, count: int = 64) -> list[byte
         body: dict[str, Any] = {
             "model": model_name, "max_tokens": max(tokens, 1), "min_tokens": max(tokens, 1),
             "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if job.protocol == Protocol.OPENAI_CHAT:
             body["messages"] = [{"role": "user", "content": text}]
