@@ -135,27 +135,44 @@ def _ms(total_us: float, count: float) -> float | None:
 
 
 def _hist(hist: metrics.Histogram | None, prev: metrics.Histogram | None) -> dict[str, Any] | None:
+    """One vLLM histogram over the window: count, mean, and p50/p99 estimated from the bucket
+    deltas (PromQL's linear interpolation in the bucket), capped by what the mean allows for
+    values that are never negative (Markov: p50 <= 2 x mean, p99 <= 100 x mean); without the
+    cap a window whose queue times are all ~0 ms reads p50 150 ms, the middle of vLLM's
+    lowest queue bucket (0-300 ms)."""
     if hist is None:
         return None
     delta = hist.minus(prev)
     if delta.count <= 0:
         return {"count": 0, "mean": None, "p50": None, "p99": None}
-    p50 = metrics.histogram_quantile(0.5, delta.buckets)
-    p99 = metrics.histogram_quantile(0.99, delta.buckets)
-    return {
-        "count": int(delta.count),
-        "mean": round(delta.sum / delta.count * 1000.0, 3),
-        "p50": None if p50 is None else round(p50 * 1000.0, 3),
-        "p99": None if p99 is None else round(p99 * 1000.0, 3),
-    }
+    mean = delta.sum / delta.count
+    quantiles = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        value = metrics.histogram_quantile(q, delta.buckets)
+        quantiles[name] = None if value is None else round(min(value, mean / (1 - q)) * 1000.0, 3)
+    return {"count": int(delta.count), "mean": round(mean * 1000.0, 3), **quantiles}
 
 
 def server_summary(kind: str, before: metrics.Counters | None, after: metrics.Counters | None,
                    error: str = "") -> dict[str, Any]:
     """What the server says happened between two scrapes of one model: requests, and mean
-    request, queue and compute time (Triton) or TTFT, inter-token and e2e latency (vLLM)."""
+    request, queue and compute time (Triton) or TTFT, inter-token and e2e latency (vLLM).
+
+    vLLM's counts are of events inside the window: ``requests`` finished in it, ``ttft_ms``
+    counts first tokens, ``itl_ms`` gaps between tokens, ``prompt_tokens`` and
+    ``generation_tokens`` tokens read and made in it (the client counts the requests it sent in
+    the window instead: the two differ by the requests in flight at its edges). A vLLM whose
+    counters went down in the window (restarted) has no view of it."""
     if before is None or after is None:
         return {"available": False, "error": error or "the server reported no series for the model"}
+    if kind != "triton":
+        restarted = after.success < before.success or after.failure < before.failure or \
+            after.generation_tokens < before.generation_tokens or any(
+                name in after.histograms and after.histograms[name].decreased_from(hist)
+                for name, hist in before.histograms.items())
+        if restarted:
+            return {"available": False, "error": "the server's counters went down in the window "
+                                                 "(it restarted): no view of the window"}
     success = after.success - before.success
     out: dict[str, Any] = {
         "available": True,
@@ -169,6 +186,7 @@ def server_summary(kind: str, before: metrics.Counters | None, after: metrics.Co
     else:
         for name in ("ttft", "itl", "e2e", "queue"):
             out[f"{name}_ms"] = _hist(after.histograms.get(name), before.histograms.get(name))
+        out["prompt_tokens"] = int(after.prompt_tokens - before.prompt_tokens)
         out["generation_tokens"] = int(after.generation_tokens - before.generation_tokens)
     return out
 
