@@ -112,8 +112,8 @@ def parse_configs(raw: object, version: ModelVersion) -> list[dict[str, Any]]:
                 count = count.get("count")
             _positive_number(count, f"{where}.instance_group", LIMITS["instance_count"], integer=True)
             base = [dict(g) for g in (version.triton_config or {}).get("instance_group") or [{}]]
+            # The kind stays the version's (left out: Triton's KIND_AUTO, a GPU where there is one).
             base[0]["count"] = int(count)
-            base[0].setdefault("kind", "KIND_CPU" if version.gpus == 0 else "KIND_GPU")
             out["instance_group"] = base[:1]
         if "max_batch_size" in item:
             out["max_batch_size"] = int(_positive_number(
@@ -684,9 +684,20 @@ def _config_failed(job: BenchmarkJob, why: str, *, unload: bool = True) -> bool:
     entry["error"] = why[:2000]
     _update(job, results=job.results)
     if not job.configs:
-        _finish(job, State.FAILED, why, error=why)
+        if unload and job.loaded_by_job:
+            _release(job)
+        _finish(job, State.FAILED, why, error=why, summary=summarize_job(job))
         return False
     return _next_config(job, unload=unload)
+
+
+def _release(job: BenchmarkJob) -> None:
+    """Unload what the job loaded (a failed job leaves nothing behind)."""
+    try:
+        loads.unload_for(None, job.deployment, job.version, server_names=[job.server.name],
+                         label=f"benchmark {job.pk}")
+    except DomainError as exc:
+        log.warning("benchmark %s: unload refused: %s", job.pk, exc)
 
 
 def _start_runner(job: BenchmarkJob) -> None:
@@ -694,8 +705,8 @@ def _start_runner(job: BenchmarkJob) -> None:
     try:
         spec = spec_for(job, run_id)
     except (httpx.HTTPError, ValueError, KeyError) as exc:
-        _config_failed(job, f"could not read {job.version.model.name}'s inputs from "
-                            f"{job.server.name}: {exc}")
+        _config_failed(job, f"server {job.server.name} did not answer for "
+                            f"{job.version.model.name}'s inputs ({job.server.http_url}): {exc}")
         return
     path = _spec_path(run_id)
     path.write_text(json.dumps(spec))
@@ -757,7 +768,9 @@ def _running(job: BenchmarkJob) -> bool:
             return _next_config(job, last=True)
         if entry["error"] and not job.configs:
             _update(job, results=job.results)
-            _finish(job, State.FAILED, entry["error"], error=entry["error"])
+            if job.loaded_by_job:
+                _release(job)
+            _finish(job, State.FAILED, entry["error"], error=entry["error"], summary=summarize_job(job))
             return False
         _update(job, results=job.results)
         return _next_config(job)
@@ -781,11 +794,7 @@ def _next_config(job: BenchmarkJob, *, unload: bool = True, last: bool = False) 
     if unload and job.loaded_by_job and job.load_id is not None:
         load = ModelLoad.objects.filter(pk=job.load_id).first()
         if load is not None and load.state in (ModelLoad.State.READY, *ModelLoad.IN_FLIGHT):
-            try:
-                loads.unload_for(None, job.deployment, job.version, server_names=[job.server.name],
-                                 label=f"benchmark {job.pk}")
-            except DomainError as exc:
-                log.warning("benchmark %s: unload refused: %s", job.pk, exc)
+            _release(job)
             _update(job, state=State.UNLOADING, phase=f"unloading {config_label(_current_override(job))}")
             return False
     return _after_config(job, last=last)
@@ -893,9 +902,7 @@ def advance(job_id: int) -> tuple[str | None, bool]:
             _update(job, results=job.results)
             _finish(job, State.FAILED, why, error=why)
             if job.loaded_by_job and job.load_id:
-                with contextlib.suppress(DomainError):
-                    loads.unload_for(None, job.deployment, job.version,
-                                     server_names=[job.server.name], label=f"benchmark {job.pk}")
+                _release(job)
     except LostLease:
         return None, False
     finally:

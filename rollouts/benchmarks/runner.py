@@ -114,17 +114,23 @@ class ServerView:
             return None
 
     def bracket(self, window_start: float, window_end: float) -> threading.Thread:
-        """Scrape at the window's start and end (perf_counter times), in a thread."""
+        """Scrape at the window's start and end (perf_counter times), in a thread; a window
+        that ends early (cancelled, ``max_requests`` reached) is closed by :meth:`close`."""
+        self._closed = threading.Event()
 
         def run() -> None:
-            time.sleep(max(window_start - time.perf_counter(), 0))
+            if self._closed.wait(max(window_start - time.perf_counter(), 0)):
+                return  # ended before its window opened: nothing to compare
             self.before = self.take()
-            time.sleep(max(window_end - time.perf_counter(), 0))
+            self._closed.wait(max(window_end - time.perf_counter(), 0))
             self.after = self.take()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return thread
+
+    def close(self) -> None:
+        self._closed.set()
 
     def summary(self) -> dict[str, Any]:
         return server_summary(self.kind, self.before, self.after, self.error)
@@ -239,6 +245,7 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
             thread = view.bracket(now + level.warmup_s, now + level.warmup_s + level.duration_s)
         result = engine.run_level(target, level, reporter.stop, goodput=goodput)
         if view is not None:
+            view.close()
             thread.join(timeout=10)
             result["server"] = view.summary()
         result["refinement"] = refinement
@@ -252,7 +259,19 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
     summary["cancelled"] = reporter.stop()
     if results and not any(r["ok"] for r in results):
         summary["error"] = f"no request succeeded: {results[0].get('first_error') or 'no answer'}"
+    elif results and server_went_away(results[-1], plan.error_limit):
+        last = results[-1]
+        summary["error"] = (f"the server stopped answering at {plan.mode} {last['value']:g}: "
+                            f"{last.get('first_error') or 'no answer'}")
     return summary
+
+
+def server_went_away(level: dict[str, Any], error_limit: float) -> bool:
+    """Most of a level's requests found no server (refused, dropped or unanswered): a
+    fault of the server, not a measurement of it."""
+    gone = sum(n for kind, n in level.get("errors", {}).items()
+               if kind in ("connect", "connection", "timeout"))
+    return level.get("requests", 0) > 0 and gone / level["requests"] > error_limit
 
 
 def main(argv: list[str] | None = None) -> int:
