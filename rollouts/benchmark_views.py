@@ -267,6 +267,7 @@ def _render_job(request: HttpRequest, job: BenchmarkJob, form: BenchmarkActionFo
     context = _live_context(job) | actions_for(request.user, job) | {
         "form": form,
         "previous": previous_job(request, job),
+        "config_labels": [jobs.config_label(c) for c in job.configs or []],
     }
     return render(request, "rollouts/benchmark_detail.html", context, status=status)
 
@@ -278,12 +279,13 @@ def benchmark_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def benchmark_status(request: HttpRequest, pk: int) -> HttpResponse:
-    """The live part (htmx, every second): 286 once the job is final. When the job ended
-    after the page was drawn (``?seen=active``), the page is reloaded too, so its buttons
-    match."""
+    """The live part (htmx, every second), with the results out of band: 286 once the job
+    is final. When the job ended after the page was drawn (``?seen=active``), the page is
+    reloaded too, so its buttons match."""
     job = _job(request, pk)
     final = job.state in BenchmarkJob.FINAL
-    response = render(request, "rollouts/partials/benchmark_status.html", _live_context(job),
+    response = render(request, "rollouts/partials/benchmark_status.html",
+                      _live_context(job) | {"oob": True},
                       status=HTMX_STOP_POLLING if final else 200)
     if request.htmx and final and request.GET.get("seen") == "active":
         response["HX-Refresh"] = "true"

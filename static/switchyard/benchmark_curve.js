@@ -54,11 +54,17 @@
       return [xs, p99, p50];
     });
     var aligned = tables.length ? uPlot.join(tables) : [[]];
+    // The lines join the levels in load order (the data comes ordered by level), so a level
+    // that carried less than the one before bends the curve back instead of hiding it.
     var lines = [];
     series.forEach(function (s, i) {
       var colour = PALETTE[i % PALETTE.length];
-      lines.push({ label: s.label + " p99", colour: colour, dash: false });
-      lines.push({ label: s.label + " p50", colour: colour, dash: true });
+      var along = function (field) {
+        return s.points.map(function (p) { return [num(p.rps), num(p[field])]; })
+          .filter(function (xy) { return xy[0] != null && xy[1] != null; });
+      };
+      lines.push({ label: s.label + " p99", colour: colour, dash: false, along: along("p99") });
+      lines.push({ label: s.label + " p50", colour: colour, dash: true, along: along("p50") });
     });
     var x = aligned[0];
     var slo = num(data.slo_p99_ms);
@@ -68,13 +74,13 @@
     }
     var ytop = dmax > 0 ? dmax * 1.15 : 1;
     if (slo != null && slo > 0 && (dmax <= 0 || slo <= dmax * 3)) ytop = Math.max(ytop, slo * 1.15);
-    if (slo != null && lines.length) {
-      lines.push({ label: "SLO p99", slo: true });
-      aligned.push(x.map(function () { return slo; }));
-    }
-    var xmax = x.length ? x[x.length - 1] * 1.08 : 1;
+    // x from 0 unless the points sit far from it (then from a little below the lowest).
+    var lo = x.length ? x[0] : 0, hi = x.length ? x[x.length - 1] : 1;
+    var span = Math.max(hi - lo, hi * 0.1, 1);
+    var xmin = lo < span * 1.5 ? 0 : Math.max(0, lo - span * 0.25);
+    var xmax = hi + span * 0.12;
     var best = series.filter(function (s) { return s.best && num(s.max_load_rps) != null; })[0];
-    return { lines: lines, data: aligned, ytop: ytop, xmax: xmax, slo: slo,
+    return { lines: lines, data: aligned, ytop: ytop, xmin: xmin, xmax: xmax, slo: slo,
              mark: best && series.length ? { x: num(best.max_load_rps), label: "max load within SLO" } : null };
   }
 
@@ -92,31 +98,37 @@
       return idx == null ? "hover a point" : fmt(v, "req/s");
     } }];
     b.lines.forEach(function (l) {
-      if (l.slo) {
-        series.push({ label: l.label, stroke: ink, width: 1.5, dash: scaled(DASH_SLO),
-                      points: { show: false }, value: value, spanGaps: true });
-      } else {
-        series.push({ label: l.label, stroke: l.colour, width: l.dash ? 1.5 : 2.25,
-                      dash: l.dash ? scaled(DASH_P50) : undefined, spanGaps: true, value: value,
-                      points: { show: true, size: l.dash ? 4 : 6, fill: l.colour } });
-      }
+      series.push({ label: l.label, stroke: l.colour, width: l.dash ? 1.5 : 2.25,
+                    dash: l.dash ? scaled(DASH_P50) : undefined, spanGaps: true, value: value,
+                    points: { show: true, size: l.dash ? 4 : 6, fill: l.colour },
+                    paths: function (u) { return { stroke: inLoadOrder(u, l.along), fill: null }; } });
     });
     var axis = { stroke: muted, font: font, labelFont: font, grid: { stroke: grid, width: 1 },
                  ticks: { stroke: grid, width: 1 } };
     return {
       width: Math.max(200, el.clientWidth), height: parseInt(el.dataset.height, 10) || 300,
       series: series,
-      scales: { x: { time: false, range: function () { return [0, b.xmax]; } },
+      scales: { x: { time: false, range: function () { return [b.xmin, b.xmax]; } },
                 y: { range: function () { return [0, b.ytop]; } } },
       axes: [Object.assign({}, axis, { label: "throughput (req/s)", labelSize: 18 }),
              Object.assign({}, axis, { label: "latency (ms)", labelSize: 18, size: 48 })],
       legend: { live: true, markers: { width: 3, dash: function (u, si) {
         var l = b.lines[si - 1];
-        return !l ? "solid" : l.slo ? "dotted" : l.dash ? "dashed" : "solid";
+        return l && l.dash ? "dashed" : "solid";
       } } },
       cursor: { drag: { x: false, y: false } },
       hooks: { draw: [function (u) { annotate(u, b, ink); }] },
     };
+  }
+
+  // A line through the points in load order, in canvas pixels (as uPlot's own paths are).
+  function inLoadOrder(u, along) {
+    var path = new Path2D();
+    along.forEach(function (xy, i) {
+      var x = u.valToPos(xy[0], "x", true), y = u.valToPos(xy[1], "y", true);
+      if (i) path.lineTo(x, y); else path.moveTo(x, y);
+    });
+    return path;
   }
 
   // The SLO's label on its line, and the max load within the SLO as a dotted vertical mark.
@@ -125,9 +137,17 @@
     ctx.save();
     ctx.font = Math.round(11 * px) + "px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
     ctx.textBaseline = "middle";
+    ctx.textAlign = "left";   // uPlot leaves the axes' alignment on the context
     if (b.slo != null) {
       var y = u.valToPos(b.slo, "y", true);
-      var text = "SLO p99 " + fmt(b.slo, "ms");
+      if (y >= bb.top) {
+        ctx.strokeStyle = ink;
+        ctx.lineWidth = 1.5 * px;
+        ctx.setLineDash(DASH_SLO.map(function (v) { return v * px; }));
+        ctx.beginPath(); ctx.moveTo(bb.left, y); ctx.lineTo(bb.left + bb.width, y); ctx.stroke();
+        ctx.setLineDash([]);
+      }
+      var text = "SLO p99 " + fmt(b.slo, "ms") + (y < bb.top ? " \u2191 above" : "");
       var w = ctx.measureText(text).width, h = 14 * px, pad = 3 * px;
       var top = Math.max(bb.top, y - h - pad), x = bb.left + 2 * pad;
       ctx.fillStyle = "rgba(255,255,255,0.8)";
@@ -144,11 +164,14 @@
       ctx.setLineDash([]);
       var label = b.mark.label + " " + fmt(b.mark.x, "req/s");
       var lw = ctx.measureText(label).width;
-      var lx = Math.min(mx + 4 * px, bb.left + bb.width - lw - 4 * px);
+      // right of the mark, or left of it where it is near the right edge
+      var lx = mx + 4 * px + lw > bb.left + bb.width ? mx - lw - 6 * px : mx + 4 * px;
       ctx.fillStyle = "rgba(255,255,255,0.8)";
-      ctx.fillRect(lx - 2 * px, bb.top + 20 * px, lw + 4 * px, 14 * px);
+      // at the bottom, clear of the SLO's label at the top left
+      var ly = bb.top + bb.height - 12 * px;
+      ctx.fillRect(lx - 2 * px, ly - 7 * px, lw + 4 * px, 14 * px);
       ctx.fillStyle = ink;
-      ctx.fillText(label, lx, bb.top + 27 * px);
+      ctx.fillText(label, lx, ly);
     }
     ctx.restore();
   }
@@ -170,8 +193,8 @@
       return;
     }
     el.setAttribute("role", "figure");
-    el.setAttribute("aria-label", "Latency against throughput: " + b.lines.filter(function (l) {
-      return !l.slo; }).map(function (l) { return l.label; }).join(", "));
+    el.setAttribute("aria-label", "Latency against throughput: " + b.lines.map(function (l) {
+      return l.label; }).join(", ") + (b.slo != null ? "; SLO p99 " + fmt(b.slo, "ms") : ""));
     var plot = new uPlot(options(el, b), b.data, el);
     charts.set(el, { text: found.text, plot: plot, width: el.clientWidth });
   }
