@@ -849,6 +849,7 @@ def summarize_job(job: BenchmarkJob) -> dict[str, Any]:
             best_index = i
     best = job.results[best_index] if best_index is not None else None
     return {
+        "device_class": quota.device_class_of(job.server),
         "best_config": best_index,
         "best_label": best["label"] if best else None,
         "best": best["summary"] if best else None,
@@ -960,6 +961,11 @@ def gate(candidate: ModelVersion, baseline: ModelVersion, max_drop_pct: float,
     missing = [f"v{v.version}" for v, j in ((candidate, cand_job), (baseline, base_job)) if j is None]
     if missing:
         return {"passed": None, "message": f"no benchmark of {' and '.join(missing)} yet: run one first"}
+    classes = [(j.summary or {}).get("device_class") for j in (cand_job, base_job)]
+    if classes[0] != classes[1]:
+        return {"passed": None, "message": f"v{candidate.version} was benchmarked on {classes[0]} and "
+                f"v{baseline.version} on {classes[1]}: benchmark both on one device class",
+                "candidate_job": cand_job.pk, "baseline_job": base_job.pk}
     base = ((base_job.summary or {}).get("best") or {}).get("max_load_rps")
     cand = ((cand_job.summary or {}).get("best") or {}).get("max_load_rps")
     data = {"candidate_job": cand_job.pk, "baseline_job": base_job.pk, "candidate_rps": cand,

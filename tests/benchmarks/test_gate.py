@@ -28,11 +28,12 @@ def versions():
     return deployment, server, made
 
 
-def finished(deployment, server, version, rps, *, mode="concurrency", state="succeeded", days=0):
+def finished(deployment, server, version, rps, *, mode="concurrency", state="succeeded", days=0,
+             device_class="cpu"):
     return BenchmarkJob.objects.create(
         tenant=deployment.tenant, deployment=deployment, version=version, server=server,
         protocol="triton_http", mode=mode, levels=[1], state=state, requested_by_label="t",
-        summary={"best": {"max_load_rps": rps}}, finished_at=timezone.now() - timezone.timedelta(days=days),
+        summary={"best": {"max_load_rps": rps}, "device_class": device_class}, finished_at=timezone.now() - timezone.timedelta(days=days),
     )
 
 
@@ -75,3 +76,11 @@ def test_the_step_is_checked_when_a_rollout_is_asked_for():
         with pytest.raises(DomainError) as caught:
             rollout.parse_steps([{"benchmark": bad}])
         assert caught.value.field == "steps[0]"
+
+
+def test_benchmarks_on_different_device_classes_are_not_compared(versions):
+    deployment, server, (v1, v2) = versions
+    finished(deployment, server, v1, 200.0, device_class="a100-80gb")
+    finished(deployment, server, v2, 100.0, device_class="cpu")
+    found = jobs.gate(v2, v1, 10)
+    assert found["passed"] is None and "a100-80gb" in found["message"]
