@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import resource
 import shutil
@@ -198,9 +199,12 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "duration_s": args.duration,
         "runs": args.runs,
         "goals": {"rps_share_min": RATE_GOAL, "p50_diff_max": P50_GOAL},
+        "cpus": os.cpu_count(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     result["levels"] = measure(triton.http_url, args.concurrency, args.duration, args.runs,
                                wrk_script(tmp / "post.lua"))
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["passed"] = all(r["rps_ok"] and r["p50_ok"] for r in result["levels"])
     return result
 
@@ -211,6 +215,8 @@ def print_table(r: dict[str, Any]) -> None:
         f"Load engine vs wrk ({r['wrk_version']}) on Triton {r['triton_version']} "
         f"(fraud-scorer answering at once; {r['duration_s']:g} s a level, median of "
         f"{r['runs']} run{'s' if r['runs'] != 1 else ''})",
+        f"machine: {r['cpus']} CPUs, load average {r['loadavg_start']} at the start, "
+        f"{r['loadavg_end']} at the end",
         "",
         f"{'concurrency':>11}{'engine req/s':>14}{'wrk req/s':>11}{'share':>8}{'':5}"
         f"{'engine p50':>12}{'wrk p50':>9}{'p50 diff':>10}{'':5}"
