@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import rollouts, routes, views
+from rollouts.api import benchmarks, rollouts, routes, views
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -10,5 +10,6 @@ router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("loads", views.ModelLoadViewSet, basename="load")
 router.register("routes", routes.RouteViewSet, basename="route")
 router.register("rollouts", rollouts.RolloutViewSet, basename="rollout")
+router.register("benchmarks", benchmarks.BenchmarkJobViewSet, basename="benchmark")
 
 urlpatterns = router.urls
