@@ -69,16 +69,16 @@ def finished_job(deployment: Deployment, version: ModelVersion, *, rps: float = 
         protocol=BenchmarkJob.Protocol.TRITON_HTTP, levels=[1, 2, 4], duration_s=2,
         warmup_s=0.5, slo={"p99_ms": 40.0, "error_rate": 0.01}, configs=configs,
         state=state, phase="done", progress=1.0, results=results, summary=summary,
-        requested_by_label="seed", started_at=now, finished_at=now, **fields,
+        started_at=now, finished_at=now, **{"requested_by_label": "seed", **fields},
     )
 
 
 def queued_job(deployment: Deployment, version: ModelVersion, **fields: Any) -> BenchmarkJob:
     """A job asked for and not yet taken by the reconciler."""
     server = fields.pop("server", None) or deployment.servers.first()
+    fields.setdefault("requested_by_label", "seed")
     return BenchmarkJob.objects.create(
         tenant=deployment.tenant, deployment=deployment, version=version, server=server,
         protocol=BenchmarkJob.Protocol.TRITON_HTTP, levels=[1, 2, 4],
-        slo={"p99_ms": 40.0, "error_rate": 0.01}, phase="queued",
-        requested_by_label="seed", **fields,
+        slo={"p99_ms": 40.0, "error_rate": 0.01}, phase="queued", **fields,
     )

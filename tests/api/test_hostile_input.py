@@ -107,6 +107,7 @@ def test_json_nested_a_thousand_deep_in_triton_config_is_a_400_naming_the_path(d
         ("/api/v1/aliases/", "post", "reason"),
         ("/api/v1/quotas/", "post", "units"),
         ("/api/v1/rollouts/", "post", "steps"),
+        ("/api/v1/benchmarks/", "post", "configs"),
     ],
 )
 def test_deep_json_is_a_400_on_every_endpoint_that_takes_a_body(alice, root, url, method, field):
@@ -231,6 +232,11 @@ NUL_WRITES = [
     ("post", "/api/v1/rollouts/", {"deployment": "{deployment}", "version": 2, "alias": "p\x00"}, "alias"),
     ("post", "/api/v1/rollouts/", {"deployment": "d\x00", "version": 2}, "deployment"),
     ("post", "/api/v1/rollouts/", {"deployment": "{deployment}", "steps": [{"set_weight\x00": 5}]}, "steps"),
+    ("post", "/api/v1/benchmarks/", {"deployment": "{deployment}", "version": 1, "server": "s\x00"}, "server"),
+    ("post", "/api/v1/benchmarks/", {"deployment": "d\x00", "version": 1}, "deployment"),
+    ("post", "/api/v1/benchmarks/", {"deployment": "{deployment}", "version": 1, "protocol": "triton_http\x00"}, "protocol"),
+    ("post", "/api/v1/benchmarks/", {"deployment": "{deployment}", "version": 1, "configs": [{"max_batch_size\x00": 8}]}, "configs"),
+    ("post", "/api/v1/benchmarks/", {"deployment": "{deployment}", "version": 1, "request": {"inputs": [{"name": "x\x00"}]}}, "request"),
 ]
 
 
@@ -277,6 +283,9 @@ NUL_QUERIES = [
     ("/api/v1/audit-events/", "tenant"), ("/api/v1/audit-events/", "actor"),
     ("/api/v1/audit-events/", "verb"), ("/api/v1/tenants/", "slug"),
     ("/api/v1/aliases/", "name"), ("/api/v1/models/", "ordering"),
+    ("/api/v1/benchmarks/", "deployment"), ("/api/v1/benchmarks/", "server"),
+    ("/api/v1/benchmarks/", "model"), ("/api/v1/benchmarks/", "state__in"),
+    ("/api/v1/benchmarks/compare/", "a"),
 ]
 
 

@@ -42,6 +42,7 @@ from rollouts import approvals
 from rollouts.api.urls import router as rollouts_router
 from rollouts.models import (
     Alias,
+    BenchmarkJob,
     Deployment,
     Model,
     ModelLoad,
@@ -50,6 +51,7 @@ from rollouts.models import (
     Route,
     RouteRevision,
 )
+from tests.api.benchmark_rows import finished_job, queued_job
 from tests.factories import (
     AliasFactory,
     ClusterFactory,
@@ -82,6 +84,14 @@ def fake_probes(monkeypatch):
         return ServerProbe(ready=False, live=False, error=f"connection refused at {http_url}")
 
     monkeypatch.setattr(health, "PROBES", dict.fromkeys(InferenceServer.Runtime, probe))
+
+
+@pytest.fixture(autouse=True)
+def no_broker(monkeypatch):
+    """A benchmark asked for or cancelled is enqueued for the reconciler: kept here."""
+    sent: list[int] = []
+    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    return sent
 
 
 class World:
@@ -316,6 +326,23 @@ class World:
         return self._rollout(self.deployment_a, self.version_a, Rollout.State.ABORTED,
                              self.spare_a)
 
+    # --- benchmark jobs (rows as the reconciler leaves them; no sweep is run)
+    @cached_property
+    def benchmark_a(self) -> BenchmarkJob:
+        """A benchmark of version 1 on deployment A's server, queued."""
+        return queued_job(self.served_a, self.version_a, requested_by_label="dave")
+
+    @cached_property
+    def benchmark_b(self) -> BenchmarkJob:
+        self.deployment_b.servers.set([self.server])
+        return finished_job(self.deployment_b, self.version_b, server=self.server)
+
+    @cached_property
+    def sweep_a(self) -> BenchmarkJob:
+        """A finished config sweep of version 1 over two instance counts."""
+        return finished_job(self.served_a, self.version_a, configs=[
+            {"instance_group": [{"count": n, "kind": "KIND_CPU"}]} for n in (1, 2)])
+
 
 @pytest.fixture
 def world(request, db) -> World:
@@ -352,6 +379,7 @@ class Op:
     payload: Callable[[World], dict[str, Any]] | None = None
     rows: tuple[str, str | None] | None = None  # list: (tenant A's row, tenant B's row)
     field: str | None = None  # a foreign create is refused naming this field
+    foreign: int | None = None  # what another tenant and a loner get, where not the default
     done: Callable[[World, Any], bool] | None = None  # the success left this effect
 
     def target(self, world: World) -> models.Model | None:
@@ -371,6 +399,8 @@ class Op:
         if denied_writer or self.action == "list":
             other = 403 if denied_writer else 200
             loner = other
+        elif self.foreign is not None:
+            other = loner = self.foreign
         elif self.scope == "fleet":
             other, loner = 200, 404
         elif self.action == "create":
@@ -637,6 +667,31 @@ OPS: list[Op] = [
        writer="role", role="deployer", below=("bob",), payload=lambda w: {},
        done=lambda w, body: (fresh(w.aborted_a).state, fresh(w.aborted_a).attempt)
        == ("loading", 2)),
+    # --- benchmark jobs (a cancel is carried out by the next tick: 202)
+    *read_ops("benchmark", "benchmarks", BenchmarkJob, ("benchmark_a", "benchmark_b")),
+    Op("benchmark", "create", "POST", "benchmarks/", BenchmarkJob, "dave", 201, writer="role",
+       role="deployer", below=("bob",), field="deployment",
+       payload=lambda w: w.quota_a and {"deployment": w.served_a.pk,
+                                        "version": w.version_a.version,
+                                        "levels": [1, 2], "duration_s": 1},
+       done=lambda w, body: BenchmarkJob.objects.filter(
+           pk=body["id"], deployment=w.deployment_a, state="queued", levels=[1, 2]).exists()),
+    Op("benchmark", "cancel", "POST", "benchmarks/{benchmark_a}/cancel/", BenchmarkJob, "dave",
+       202, writer="role", role="deployer", below=("bob",), payload=lambda w: {},
+       done=lambda w, body: fresh(w.benchmark_a).cancel_requested_by == "dave"),
+    Op("benchmark", "results", "GET", "benchmarks/{sweep_a}/results/", BenchmarkJob, "bob", 200,
+       done=lambda w, body: [c["label"] for c in body["configs"]] == ["1 instance", "2 instances"]),
+    Op("benchmark", "register_config", "POST", "benchmarks/{sweep_a}/register-config/",
+       ModelVersion, "dave", 201, writer="role", role="deployer", below=("bob",),
+       payload=lambda w: {"config": 1},
+       done=lambda w, body: ModelVersion.objects.get(model=w.model_a, version=body["version"])
+       .labels["benchmark_job"] == str(w.sweep_a.pk)),
+    # A job named in a query another tenant cannot see is a 400 naming the parameter.
+    Op("benchmark", "compare", "GET", "benchmarks/compare/", BenchmarkJob, "bob", 200,
+       field="a", foreign=400,
+       payload=lambda w: {"a": w.sweep_a.pk, "b": w.benchmark_a.pk},
+       done=lambda w, body: (body["a"]["id"], body["b"]["id"]) == (w.sweep_a.pk,
+                                                                   w.benchmark_a.pk)),
     # Deleting a deployment needs the admin role: deployers create and edit only.
     Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
        writer="role", role="admin", below=("erin", "dave", "bob"),
