@@ -998,6 +998,12 @@ def register_config(actor: Any, job: BenchmarkJob, index: int | None = None) -> 
     version = job.version
     from django.db.models import Max
 
+    # Registered from this job's config already (a retry, a second click): that version.
+    label = job.results[chosen]["label"]
+    for earlier in version.model.versions.filter(labels__benchmark_job=str(job.pk)):
+        if earlier.labels.get("benchmark_config") == label:
+            return earlier
+
     data = {name: getattr(version, name) for name in registry.VERSION_FIELDS}
     data["version"] = (version.model.versions.aggregate(top=Max("version"))["top"] or 0) + 1
     data["triton_config"] = full_config(version, job.configs[chosen])

@@ -156,12 +156,18 @@ def summarize(plan: Plan, results: list[dict[str, Any]], slo: Slo) -> dict[str, 
     for i in range(1, len(listed) + 1):
         reason = stop_reason(plan, listed[:i], slo)
         if reason:
+            # Early only when levels were left out; the last listed one saturating is not.
+            reason = reason if i < len(plan.levels) else ""
             break
+    # The load carried within the SLO: the most any passing level up to the max load carried
+    # (a higher level can carry a little less by noise; it does not lower the figure).
+    carried = [r.get("throughput_rps", 0.0) for r in results
+               if best is not None and r["value"] <= best["value"] and passes(r, slo)]
     goodputs = [r.get("goodput_rps") for r in results if r.get("goodput_rps") is not None]
     return {
         "mode": plan.mode,
         "max_load": best["value"] if best else None,
-        "max_load_rps": best["throughput_rps"] if best else None,
+        "max_load_rps": max(carried) if carried else None,
         "max_load_p99_ms": (best.get("latency_ms") or {}).get("p99") if best else None,
         "first_failing": first_fail["value"] if first_fail else None,
         "first_failing_why": verdict(first_fail, slo) if first_fail else [],

@@ -74,6 +74,7 @@ def test_a_config_sweep_over_instance_counts_finds_a_config_at_least_as_good_and
     assert registered.version == 2
     assert registered.triton_config["instance_group"][0]["count"] == 2
     assert registered.sha256 == version.sha256 and registered.labels["benchmark_job"] == str(first.pk)
+    assert jobs.register_config(world.user, first) == registered  # a retry registers nothing new
 
 
 def test_cancel_stops_the_load_within_a_second_and_unloads(world):

@@ -252,3 +252,20 @@ def test_a_sweep_with_no_levels_left_and_no_fail_is_done(mode):
 
     assert next_level(plan, [level(1), level(2)], SLO) is None
     assert next_level(plan, [], SLO) == 1
+
+
+def test_the_last_listed_level_saturating_is_not_an_early_stop():
+    plan = Plan(mode="concurrency", levels=(1, 2, 4), refine_steps=0)
+    results = [level(1, rps=100), level(2, rps=180), level(4, rps=181, p99=900.0)]
+    assert stop_reason(plan, results, SLO).startswith("saturated")
+    assert summarize(plan, results, SLO)["stopped_early"] == ""
+
+
+def test_max_load_rps_is_the_most_a_passing_level_carried_up_to_the_max_load():
+    """Concurrency 6 passed but carried a little less than 4 did (noise): the figure configs
+    and versions are compared by stays what the version was seen to carry within its SLO."""
+    plan = Plan(mode="concurrency", levels=(2, 4, 6, 8), refine_steps=0)
+    results = [level(2, rps=300.0), level(4, rps=420.0), level(6, rps=402.0),
+               level(8, rps=500.0, p99=150.0)]
+    out = summarize(plan, results, SLO)
+    assert out["max_load"] == 6 and out["max_load_rps"] == 420.0
