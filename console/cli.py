@@ -5,13 +5,23 @@
     switchyard rollout status ID
     switchyard rollout wait ID [--timeout S] [--stop-when-waiting]
     switchyard rollout pause|resume|promote|abort ID [--reason TEXT]
+    switchyard benchmark start --deployment ID --version N [--server S] [--levels 1,2,4]
+                               [--mode concurrency|rate] [--duration-s S] [--warmup-s S]
+                               [--slo JSON] [--configs JSON] [--idempotency-key K]
+                               [--wait [--timeout S]]
+    switchyard benchmark status ID [--json]
+    switchyard benchmark wait ID [--timeout S]
+    switchyard benchmark results ID
+    switchyard benchmark cancel ID
 
 The token comes from ``SWITCHYARD_TOKEN`` and the server from ``SWITCHYARD_URL`` (default
 http://127.0.0.1:8000). ``wait`` (and ``start --wait``) polls every second, prints each change
 of state, step and weights, and exits by how the rollout ended: 0 succeeded, 2 rolled back,
 3 failed, 4 aborted, 5 still running at the timeout (or, with ``--stop-when-waiting``,
 waiting for a person); 1 for a usage or HTTP error. On anything but success the reason is
-printed.
+printed. ``benchmark wait`` prints each change of state, phase and progress, then the
+summary, and exits 0 succeeded, 3 failed, 4 cancelled, 5 still running at the timeout, 1 for a
+usage or HTTP error.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ REQUEST_TIMEOUT_S = 30.0
 
 OK, ERROR, ROLLED_BACK, FAILED, ABORTED, WAITING = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {"succeeded": OK, "rolled_back": ROLLED_BACK, "failed": FAILED, "aborted": ABORTED}
+BENCHMARK_EXIT_CODES = {"succeeded": OK, "failed": FAILED, "cancelled": ABORTED}
 PEOPLE_STATES = ("paused", "pending_approval")
 
 
@@ -109,6 +120,9 @@ class Client:
 
     def rollout(self, rollout_id: int) -> dict[str, Any]:
         return self.call("GET", f"rollouts/{rollout_id}/")[1]
+
+    def benchmark(self, job_id: int) -> dict[str, Any]:
+        return self.call("GET", f"benchmarks/{job_id}/")[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,6 +212,91 @@ def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: boo
 
 
 # --------------------------------------------------------------------------------------------
+# Showing a benchmark
+# --------------------------------------------------------------------------------------------
+
+
+def number_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+def benchmark_line(row: dict[str, Any]) -> str:
+    """One line: state, progress and what the job is doing."""
+    text = f"benchmark {row['id']}: {row['state']}"
+    if row["state"] not in BENCHMARK_EXIT_CODES:
+        text += f" {round(float(row.get('progress') or 0) * 100)}%"
+    if row.get("phase"):
+        text += f", {row['phase']}"
+    if row.get("cancel_requested_by") and row["state"] not in BENCHMARK_EXIT_CODES:
+        text += f"; cancel asked for by {row['cancel_requested_by']}"
+    return text
+
+
+def load_text(mode: str, sweep: dict[str, Any] | None) -> str:
+    """The most load carried within the SLO, in words."""
+    if not sweep or sweep.get("max_load") is None:
+        return "no level within the SLO"
+    what = (f"concurrency {number_text(sweep['max_load'])}" if mode == "concurrency"
+            else f"{number_text(sweep['max_load'])} req/s offered")
+    text = f"{what}: {sweep['max_load_rps']:.1f} req/s"
+    if sweep.get("max_load_p99_ms") is not None:
+        text += f", p99 {sweep['max_load_p99_ms']:.1f} ms"
+    return text
+
+
+def benchmark_summary(row: dict[str, Any]) -> list[str]:
+    """The lines that end a job: how it ended, the max load within the SLO, per config."""
+    state = row["state"]
+    why = (row.get("error") or row.get("phase") or "").strip().splitlines()
+    head = f"benchmark {row['id']} {state}"
+    if state != "succeeded":
+        return [head + (f": {why[0]}" if why else "")]
+    summary = row.get("summary") or {}
+    lines = [f"{head}: v{row['version']} on {row['server']}, max load within the SLO "
+             f"{load_text(row['mode'], summary.get('best'))}"]
+    configs = summary.get("configs") or []
+    if len(configs) > 1:
+        lines.append(f"best config: {summary.get('best_label')}")
+        for config in configs:
+            figure = (config["error"] if config.get("error") else
+                      "no level within the SLO" if config.get("max_load_rps") is None
+                      else f"{config['max_load_rps']:.1f} req/s")
+            lines.append(f"  {config['label']}: {figure}")
+    return lines
+
+
+def wait_benchmark(client: Client, job_id: int, timeout: float,
+                   sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll the job every second until it ends (or the timeout); print each change."""
+    deadline = time.monotonic() + timeout
+    shown = ""
+    unreachable = False
+    while True:
+        try:
+            row = client.benchmark(job_id)
+        except Refused as exc:
+            if not exc.transient:
+                raise
+            if not unreachable:
+                warn(f"{exc}; trying again")
+            unreachable = True
+        else:
+            unreachable = False
+            line = benchmark_line(row)
+            if line != shown:
+                say(line)
+                shown = line
+            if row["state"] in BENCHMARK_EXIT_CODES:
+                for text in benchmark_summary(row):
+                    say(text)
+                return BENCHMARK_EXIT_CODES[row["state"]]
+        if time.monotonic() >= deadline:
+            say(f"timed out after {timeout:g}s: {shown or f'benchmark {job_id} not read'}")
+            return WAITING
+        sleep(POLL_S)
+
+
+# --------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------
 
@@ -251,6 +350,121 @@ def cmd_action(client: Client, args: argparse.Namespace) -> int:
     _status, row = client.call("POST", f"rollouts/{args.id}/{args.action}/", body)
     say(f"{args.action} asked for; {summary(row)}")
     return OK
+
+
+def levels_arg(text: str) -> list[int | float]:
+    """``1,2,4`` or ``10.5,20``: the levels of a sweep."""
+    levels: list[int | float] = []
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--levels takes numbers separated by commas, got {item.strip()!r}") from None
+        levels.append(int(value) if value.is_integer() else value)
+    return levels
+
+
+def cmd_benchmark_start(client: Client, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"deployment": args.deployment, "version": args.version}
+    for key in ("server", "protocol", "mode", "levels", "duration_s", "warmup_s",
+                "max_requests", "slo", "configs", "request"):
+        value = getattr(args, key)
+        if value is not None:
+            body[key] = value
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+    status, row = client.call("POST", "benchmarks/", body, headers)
+    made = "requested" if status == 201 else "already requested with this Idempotency-Key"
+    what = (f"v{row['version']} of {row['model']} on {row['server']}, {row['mode']} "
+            f"{', '.join(number_text(v) for v in row['levels'])}")
+    if not args.wait:
+        warn(f"benchmark {row['id']} {made}: {what}, {row['state']}")
+        say(str(row["id"]))
+        return OK
+    say(f"benchmark {row['id']} {made}: {what}")
+    return wait_benchmark(client, row["id"], args.timeout)
+
+
+def cmd_benchmark_status(client: Client, args: argparse.Namespace) -> int:
+    row = client.benchmark(args.id)
+    if args.json:
+        say(json.dumps(row, indent=2))
+        return OK
+    say(f"benchmark {row['id']} of v{row['version']} of {row['model']} on {row['server']} "
+        f"({row['deployment_name']}), requested by {row['requested_by_label']}")
+    say(benchmark_line(row))
+    if row["state"] in BENCHMARK_EXIT_CODES:
+        for text in benchmark_summary(row):
+            say(text)
+    return OK
+
+
+def cmd_benchmark_wait(client: Client, args: argparse.Namespace) -> int:
+    return wait_benchmark(client, args.id, args.timeout)
+
+
+def cmd_benchmark_results(client: Client, args: argparse.Namespace) -> int:
+    _status, body = client.call("GET", f"benchmarks/{args.id}/results/")
+    say(json.dumps(body, indent=2))
+    return OK
+
+
+def cmd_benchmark_cancel(client: Client, args: argparse.Namespace) -> int:
+    _status, row = client.call("POST", f"benchmarks/{args.id}/cancel/", {})
+    say(f"cancel asked for; {benchmark_line(row)}")
+    return OK
+
+
+def add_benchmark_commands(groups: Any) -> None:
+    benchmark = groups.add_parser("benchmark", help="measure a version's capacity")
+    commands = benchmark.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    start = commands.add_parser("start", help="ask for a benchmark (prints its id)")
+    start.add_argument("--deployment", required=True, help="deployment id or name")
+    start.add_argument("--version", type=int, required=True, help="the version number")
+    start.add_argument("--server", help="the deployment's server (needed when it has several)")
+    start.add_argument("--protocol", choices=["triton_http", "triton_grpc", "openai_completions",
+                                              "openai_chat"])
+    start.add_argument("--mode", choices=["concurrency", "rate"])
+    start.add_argument("--levels", type=levels_arg,
+                       help="concurrencies or request rates, e.g. 1,2,4,8")
+    start.add_argument("--duration-s", dest="duration_s", type=float,
+                       help="measured seconds per level")
+    start.add_argument("--warmup-s", dest="warmup_s", type=float,
+                       help="unmeasured seconds before each level")
+    start.add_argument("--max-requests", dest="max_requests", type=int,
+                       help="end a level after this many requests")
+    start.add_argument("--slo", type=json_arg("--slo"),
+                       help='JSON object, e.g. \'{"p99_ms": 40, "error_rate": 0.01}\'')
+    start.add_argument("--configs", type=json_arg("--configs"),
+                       help='Triton config overrides to compare, e.g. '
+                            '\'[{"instance_group": 1}, {"instance_group": 2}]\'')
+    start.add_argument("--request", type=json_arg("--request"),
+                       help="what each request carries (JSON object)")
+    start.add_argument("--idempotency-key", help="the same key replays the first request")
+    start.add_argument("--wait", action="store_true", help="then wait until it ends")
+    start.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       help="seconds to wait before exiting 5 (default 3600)")
+    start.set_defaults(run=cmd_benchmark_start)
+
+    status = commands.add_parser("status", help="show a benchmark")
+    status.add_argument("id", type=int)
+    status.add_argument("--json", action="store_true", help="the API's full answer")
+    status.set_defaults(run=cmd_benchmark_status)
+
+    wait_cmd = commands.add_parser("wait", help="wait until a benchmark ends; exit by its end")
+    wait_cmd.add_argument("id", type=int)
+    wait_cmd.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                          help="seconds to wait before exiting 5 (default 3600)")
+    wait_cmd.set_defaults(run=cmd_benchmark_wait)
+
+    results = commands.add_parser("results", help="print the figures as JSON")
+    results.add_argument("id", type=int)
+    results.set_defaults(run=cmd_benchmark_results)
+
+    cancel = commands.add_parser("cancel", help="stop a benchmark")
+    cancel.add_argument("id", type=int)
+    cancel.set_defaults(run=cmd_benchmark_cancel)
 
 
 class Parser(argparse.ArgumentParser):
@@ -313,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("id", type=int)
         sub.add_argument("--reason")
         sub.set_defaults(run=cmd_action, action=name)
+    add_benchmark_commands(groups)
     return parser
 
 

@@ -21,13 +21,15 @@ from console import cli
 from fleet import tokens
 from fleet.models import Cluster, Membership
 from rollouts import rollout
-from rollouts.models import ModelLoad, ModelVersion, Rollout
+from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion, Rollout
+from tests.api.benchmark_rows import finished_job
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
     InferenceServerFactory,
     ModelFactory,
     ModelVersionFactory,
+    QuotaFactory,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +40,7 @@ def enqueued_rollouts(monkeypatch):
     """The live server runs in this process: what it would send to the broker is kept here."""
     sent: list[int] = []
     monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
     return sent
 
 
@@ -226,3 +229,139 @@ def test_waiting_rides_out_a_server_that_is_briefly_unreachable(capsys):
     assert code == cli.OK
     assert err.count("trying again") == 1
     assert out.strip().splitlines()[-1] == "rollout 7 succeeded: v2 promoted"
+
+
+# --- benchmarks -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bench(deployment, tenant_a):
+    """The deployment above (one server), with a CPU quota a benchmark is admitted against."""
+    QuotaFactory(tenant=tenant_a, device_class="cpu")
+    return deployment
+
+
+def benchmark_started(switchyard, *args: str) -> int:
+    done = switchyard("benchmark", "start", "--deployment", "scorer", "--version", "2", *args)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return int(done.stdout.strip())
+
+
+def test_benchmark_start_prints_the_id_and_status_shows_the_job(switchyard, bench):
+    done = switchyard("benchmark", "start", "--deployment", "scorer", "--version", "2",
+                      "--levels", "8,1,4", "--duration-s", "3", "--warmup-s", "0.5",
+                      "--slo", '{"p99_ms": 25}', "--idempotency-key", "build-9")
+
+    assert done.returncode == 0, done.stderr
+    job = BenchmarkJob.objects.get(pk=int(done.stdout))
+    assert "requested: v2 of scorer on triton-a, concurrency 1, 4, 8, queued" in done.stderr
+    assert (job.levels, job.duration_s, job.warmup_s, job.slo["p99_ms"]) == ([1, 4, 8], 3, 0.5, 25)
+    assert job.requested_by_label.startswith("token:release-pipeline")
+    again = benchmark_started(switchyard, "--levels", "8,1,4", "--duration-s", "3",
+                              "--warmup-s", "0.5", "--slo", '{"p99_ms": 25}',
+                              "--idempotency-key", "build-9")
+    assert again == job.pk
+    status = switchyard("benchmark", "status", str(job.pk))
+    assert status.returncode == 0
+    assert f"benchmark {job.pk} of v2 of scorer on triton-a (scorer)" in status.stdout
+    assert f"benchmark {job.pk}: queued 0%, queued" in status.stdout
+
+
+def test_benchmark_wait_prints_progress_then_the_summary_and_exits_0(switchyard, bench):
+    job_id = benchmark_started(switchyard, "--levels", "1,2,4")
+    waiter = switchyard.start("benchmark", "wait", str(job_id), "--timeout", "30")
+    first = waiter.stdout.readline()
+    assert first.strip() == f"benchmark {job_id}: queued 0%, queued", first
+
+    BenchmarkJob.objects.filter(pk=job_id).update(
+        state=BenchmarkJob.State.RUNNING, progress=0.5, phase="level 2 of 3: concurrency 2")
+    time.sleep(1.5)  # the waiter polls every second
+    measured = finished_job(bench, bench.model.versions.get(version=1), rps=240.0,
+                            server=bench.servers.first(), state=BenchmarkJob.State.FAILED)
+    BenchmarkJob.objects.filter(pk=job_id).update(
+        state=BenchmarkJob.State.SUCCEEDED, progress=1.0, phase="done: concurrency 2",
+        results=measured.results, summary=measured.summary)
+    out, err = waiter.communicate(timeout=30)
+
+    assert waiter.returncode == cli.OK, (first, out, err)
+    lines = out.strip().splitlines()
+    assert f"benchmark {job_id}: running 50%, level 2 of 3: concurrency 2" in lines
+    assert lines[-2:] == [
+        f"benchmark {job_id}: succeeded, done: concurrency 2",
+        f"benchmark {job_id} succeeded: v2 on triton-a, max load within the SLO concurrency 2: "
+        "240.0 req/s, p99 9.5 ms",
+    ]
+
+
+@pytest.mark.parametrize(("state", "fields", "code", "last"), [
+    (BenchmarkJob.State.FAILED, {"phase": "the load failed", "error": "the load of default "
+                                 "ended failed: Triton refused the config\ntraceback"},
+     cli.FAILED, "failed: the load of default ended failed: Triton refused the config"),
+    (BenchmarkJob.State.CANCELLED, {"phase": "cancelled by erin"}, cli.ABORTED,
+     "cancelled: cancelled by erin"),
+])
+def test_benchmark_wait_exits_by_how_the_job_ended(switchyard, bench, state, fields, code, last):
+    job_id = benchmark_started(switchyard)
+    BenchmarkJob.objects.filter(pk=job_id).update(state=state, **fields)
+
+    done = switchyard("benchmark", "wait", str(job_id))
+
+    assert done.returncode == code, (done.stdout, done.stderr)
+    assert done.stdout.strip().splitlines()[-1] == f"benchmark {job_id} {last}"
+
+
+def test_a_config_sweep_summary_names_the_best_config_and_each_configs_figure(capsys):
+    row = {"id": 4, "state": "succeeded", "version": 1, "server": "triton", "mode": "rate",
+           "phase": "done", "progress": 1.0, "summary": {
+               "best_label": "2 instances",
+               "best": {"max_load": 200, "max_load_rps": 198.4, "max_load_p99_ms": None},
+               "configs": [{"label": "1 instance", "max_load_rps": None, "error": ""},
+                           {"label": "2 instances", "max_load_rps": 198.4, "error": ""},
+                           {"label": "4 instances", "max_load_rps": None,
+                            "error": "could not load 4 instances: quota"}]}}
+
+    assert cli.benchmark_summary(row) == [
+        "benchmark 4 succeeded: v1 on triton, max load within the SLO 200 req/s offered: "
+        "198.4 req/s",
+        "best config: 2 instances",
+        "  1 instance: no level within the SLO",
+        "  2 instances: 198.4 req/s",
+        "  4 instances: could not load 4 instances: quota",
+    ]
+
+
+def test_benchmark_wait_times_out_with_5(switchyard, bench):
+    job_id = benchmark_started(switchyard)
+    BenchmarkJob.objects.filter(pk=job_id).update(state=BenchmarkJob.State.LOADING,
+                                                  phase="loading default on triton-a")
+
+    done = switchyard("benchmark", "wait", str(job_id), "--timeout", "1.5")
+
+    assert done.returncode == cli.WAITING
+    assert f"benchmark {job_id}: loading 0%, loading default on triton-a" in done.stdout
+    assert "timed out after 1.5s" in done.stdout
+
+
+def test_benchmark_cancel_and_refusals(switchyard, bench):
+    job_id = benchmark_started(switchyard)
+
+    cancelled = switchyard("benchmark", "cancel", str(job_id))
+    busy = switchyard("benchmark", "start", "--deployment", "scorer", "--version", "3")
+    bad_level = switchyard("benchmark", "start", "--deployment", "scorer", "--version", "2",
+                           "--levels", "600", "--idempotency-key", "other")
+    bad_arg = switchyard("benchmark", "start", "--deployment", "scorer", "--version", "2",
+                         "--levels", "1,x")
+    missing = switchyard("benchmark", "wait", "999999")
+
+    assert cancelled.returncode == cli.OK, cancelled.stderr
+    assert cancelled.stdout.strip() == (
+        f"cancel asked for; benchmark {job_id}: queued 0%, queued; cancel asked for by "
+        "token:release-pipeline@tenant-a")
+    assert BenchmarkJob.objects.get(pk=job_id).cancel_requested_by.startswith("token:")
+    for done in (busy, bad_level, bad_arg, missing):
+        assert done.returncode == cli.ERROR, (done.args, done.stdout, done.stderr)
+    assert (f"HTTP 409: server: benchmark {job_id} is queued on triton-a: one job per server "
+            "at a time") in busy.stderr
+    assert "HTTP 400: levels: from 1 to 512, got 600" in bad_level.stderr
+    assert "--levels takes numbers separated by commas, got 'x'" in bad_arg.stderr
+    assert "HTTP 404: No BenchmarkJob matches the given query." in missing.stderr
