@@ -527,6 +527,9 @@ def spec_for(job: BenchmarkJob, run_id: str) -> dict[str, Any]:
         "server": {
             "kind": "triton" if triton else "vllm",
             "metrics_url": server.metrics_url,
+            # vLLM counts an adapter's requests under its base model (with the base's own
+            # and other adapters' traffic: a benchmark server should carry nothing else).
+            "metrics_model": (job.version.adapter_of or name) if not triton else name,
             "probe_url": server.http_url.rstrip("/") + ("/v2/health/ready" if triton else "/health"),
         },
         "plan": {"mode": job.mode, "levels": job.levels, "refine_steps": job.refine_steps,

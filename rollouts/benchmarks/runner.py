@@ -240,7 +240,9 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
                                  "duration_s": level.duration_s})
         view = None
         if server.get("metrics_url"):
-            view = ServerView(server["kind"], server["metrics_url"], target.model, target.version)
+            # vLLM labels an adapter's requests with its base model's name.
+            view = ServerView(server["kind"], server["metrics_url"],
+                              server.get("metrics_model") or target.model, target.version)
             now = time.perf_counter()
             thread = view.bracket(now + level.warmup_s, now + level.warmup_s + level.duration_s)
         result = engine.run_level(target, level, reporter.stop, goodput=goodput)
