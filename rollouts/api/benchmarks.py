@@ -516,7 +516,8 @@ def compact_level(level: dict[str, Any]) -> dict[str, Any]:
 
 
 def compact_results(job: BenchmarkJob) -> dict[str, Any]:
-    """What CI reads of a job: its state, summary and per config the levels' figures."""
+    """What CI reads of a job: its state, summary and per config the levels' figures, by
+    level (a curve), refinements in their place."""
     return {
         "id": job.pk, "state": job.state, "is_final": job.state in BenchmarkJob.FINAL,
         "progress": job.progress, "phase": job.phase, "error": job.error,
@@ -527,7 +528,8 @@ def compact_results(job: BenchmarkJob) -> dict[str, Any]:
         "configs": [{
             "index": i, "label": entry.get("label", ""), "config": entry.get("config") or {},
             "error": entry.get("error", ""), "summary": entry.get("summary"),
-            "levels": [compact_level(level) for level in entry.get("levels") or []],
+            "levels": [compact_level(level) for level in sorted(
+                entry.get("levels") or [], key=lambda level: level.get("value", 0))],
         } for i, entry in enumerate(job.results or [])],
         "finished_at": job.finished_at,
     }
