@@ -332,6 +332,7 @@ class _HttpDriver:
         self.connecting = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed_loop = level.mode == "concurrency"
+        self.closing = False
         self.max_requests = level.max_requests
         self.latencies = tally.latencies
 
@@ -420,6 +421,8 @@ class _HttpDriver:
 
     def lost(self, conn: _HttpConnection, exc: Exception | None) -> None:
         self.connections.discard(conn)
+        if self.closing:
+            return
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
         if conn.busy:
@@ -460,6 +463,9 @@ class _HttpDriver:
         else:
             self.spawn(self.arrivals())
         await _watch(self, self.clock, self.tally)
+        # The level is over: what is still in flight (a stopped level) is dropped, neither
+        # counted as failed nor replaced.
+        self.closing = True
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -747,7 +753,7 @@ def _openai_one(target: Target, session: Any, tally: Tally, bodies: list[bytes])
 
 
 async def _run_async(target: Target, level: Level, stop: Callable[[], bool]) -> Tally:
-    tally = Tally()
+    tally = Tally(answered_in_window=0)
     if target.kind == "triton_http":
         await _HttpDriver(target, level, tally, stop).run()
     elif target.kind == "triton_grpc":
