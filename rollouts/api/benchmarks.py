@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -432,6 +433,28 @@ JOB_SUMMARY_SCHEMA: dict[str, Any] = {
 }
 
 
+class JobStateField(serializers.ChoiceField):
+    """A job's state; the schema names its enum ``BenchmarkStateEnum`` (several models have
+    a ``state``, and the enum hook would number a second unnamed set)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=BenchmarkJob.State.choices, read_only=True, **kwargs)
+
+
+class JobStateFieldSchema(OpenApiSerializerFieldExtension):
+    target_class = "rollouts.api.benchmarks.JobStateField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        component = ResolvedComponent(
+            name="BenchmarkStateEnum", type=ResolvedComponent.SCHEMA, object="BenchmarkStateEnum",
+            schema={"type": "string", "enum": list(BenchmarkJob.State.values),
+                    "description": "queued → loading → running → unloading → (the next config) "
+                                   "→ succeeded; failed; cancelled"},
+        )
+        auto_schema.registry.register_on_missing(component)
+        return component.ref
+
+
 class BenchmarkJobSerializer(serializers.ModelSerializer):
     """A benchmark job as it stands: what was asked, where it is, what it found."""
 
@@ -442,6 +465,7 @@ class BenchmarkJobSerializer(serializers.ModelSerializer):
     version = serializers.IntegerField(source="version.version", read_only=True,
                                        help_text="The version number measured")
     server = serializers.CharField(source="server.name", read_only=True)
+    state = JobStateField()
     is_active = serializers.BooleanField(read_only=True)
     is_final = serializers.SerializerMethodField()
     levels = serializers.SerializerMethodField()
