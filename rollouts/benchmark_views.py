@@ -320,11 +320,15 @@ def benchmark_compare(request: HttpRequest) -> HttpResponse:
     chart (each job's best config), and B's max load within the SLO against A's. An id
     missing or not a number is a 400 naming it; one the viewer cannot see, a 404."""
     raw = {name: (request.GET.get(name) or "").strip() for name in ("a", "b")}
+    choices = list(_jobs(request).filter(state=BenchmarkJob.State.SUCCEEDED)[:50])
+    if not raw["a"] and not raw["b"]:
+        # Nothing named yet: the page to pick the two.
+        return render(request, "rollouts/benchmark_compare.html", {"choose": True, "choices": choices})
     errors = {name: "give the id of a benchmark, e.g. ?a=12&b=15"
               for name, value in raw.items() if not value.isdigit()}
     if errors:
-        return render(request, "rollouts/benchmark_compare.html", {"errors": errors},
-                      status=400)
+        return render(request, "rollouts/benchmark_compare.html",
+                      {"errors": errors, "choose": True, "choices": choices}, status=400)
     sides = {name: _job(request, int(value)) for name, value in raw.items()}
     a, b = sides["a"], sides["b"]
     fa, fb = best_figures(a), best_figures(b)

@@ -410,7 +410,17 @@ def test_an_unknown_action_is_a_404(setup, dave):
     assert client.post(url("benchmark-action", job, "explode")).status_code == 404
 
 
-@pytest.mark.parametrize("query", [{}, {"a": "1"}, {"a": "x", "b": "2"}])
+def test_compare_with_no_ids_offers_the_finished_benchmarks_to_pick(setup, dave):
+    mine = make_job(setup, version=1)
+    client = Client()
+    client.force_login(dave)
+    response = client.get(reverse("rollouts:benchmark-compare"))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert 'id="compare-choose"' in body and f'<option value="{mine.pk}"' in body
+
+
+@pytest.mark.parametrize("query", [{"a": "1"}, {"a": "x", "b": "2"}, {"b": "x"}])
 def test_compare_without_two_ids_is_a_400_naming_the_parameter(setup, dave, query):
     client = Client()
     client.force_login(dave)
