@@ -128,23 +128,39 @@ def parse_configs(raw: object, version: ModelVersion) -> list[dict[str, Any]]:
     return parsed
 
 
+def _whole(raw: object, low: int, high: int) -> int | None:
+    """``raw`` as a whole number from ``low`` to ``high`` (8 and 8.0 alike), else None."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or raw != raw:
+        return None
+    if isinstance(raw, float) and not raw.is_integer():
+        return None
+    return int(raw) if low <= raw <= high else None
+
+
+def _at_least_zero(raw: object, field: str, upper: float, *, integer: bool = False) -> float:
+    """0, or what :func:`_positive_number` accepts."""
+    if not isinstance(raw, bool) and raw == 0:
+        return 0.0
+    return _positive_number(raw, field, upper, integer=integer)
+
+
 def _dynamic_batching(raw: object, field: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise DomainError("an object: max_queue_delay_microseconds, preferred_batch_size", field=field)
     out: dict[str, Any] = {}
     if "max_queue_delay_microseconds" in raw:
-        delay = raw["max_queue_delay_microseconds"]
-        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= LIMITS[
-                "max_queue_delay_microseconds"]:
+        delay = _whole(raw["max_queue_delay_microseconds"], 0, LIMITS["max_queue_delay_microseconds"])
+        if delay is None:
             raise DomainError(f"microseconds from 0 to {LIMITS['max_queue_delay_microseconds']}",
                               field=f"{field}.max_queue_delay_microseconds")
         out["max_queue_delay_microseconds"] = delay
     if "preferred_batch_size" in raw:
-        sizes = raw["preferred_batch_size"]
-        if not isinstance(sizes, list) or not all(
-                isinstance(s, int) and not isinstance(s, bool) and 0 < s <= LIMITS["max_batch_size"]
-                for s in sizes):
-            raise DomainError("a list of batch sizes", field=f"{field}.preferred_batch_size")
+        raw_sizes = raw["preferred_batch_size"]
+        sizes = [_whole(s, 1, LIMITS["max_batch_size"]) for s in raw_sizes] \
+            if isinstance(raw_sizes, list) and len(raw_sizes) <= 32 else [None]
+        if None in sizes:
+            raise DomainError(f"a list of batch sizes from 1 to {LIMITS['max_batch_size']}",
+                              field=f"{field}.preferred_batch_size")
         out["preferred_batch_size"] = sizes
     unknown = sorted(set(raw) - {"max_queue_delay_microseconds", "preferred_batch_size"})
     if unknown:
@@ -206,8 +222,8 @@ def parse_request(raw: object, protocol: str) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise DomainError('{"mean": n, "spread": s}', field=f"request.{key}")
             mean = _positive_number(value.get("mean"), f"request.{key}.mean", LIMITS[key], integer=True)
-            spread = value.get("spread", 0)
-            if isinstance(spread, bool) or not isinstance(spread, int) or not 0 <= spread < mean:
+            spread = _whole(value.get("spread", 0), 0, int(mean) - 1)
+            if spread is None:
                 raise DomainError(f"a whole number from 0 to {int(mean) - 1}", field=f"request.{key}.spread")
             out[key] = {"mean": int(mean), "spread": spread}
         unknown = sorted(set(raw) - {"prompt_tokens", "output_tokens"})
@@ -274,7 +290,7 @@ def _check_quota(deployment: Deployment, version: ModelVersion, server: Inferenc
         units, memory = loads.demand_of(version, device_class, full_config(version, override))
         if units > usage.units_left or memory > usage.memory_left_mib:
             raise QuotaExceeded(
-                f"config {config_label(override)} of v{version.version} needs {units} units of "
+                f"config {config_label(override)} of v{version.version} needs {units} unit{'s' if units != 1 else ''} of "
                 f"{device_class} and {memory} MiB; {usage.units_left} and "
                 f"{usage.memory_left_mib} MiB left in {deployment.tenant.slug}'s quota",
                 field="quota")
@@ -327,11 +343,11 @@ def create_job(
                                ([1, 2, 4, 8, 16] if mode == BenchmarkJob.Mode.CONCURRENCY
                                 else [10, 50, 100, 200]), mode),
         "duration_s": _positive_number(duration_s, "duration_s", LIMITS["duration_s"]),
-        "warmup_s": 0.0 if warmup_s == 0 else _positive_number(warmup_s, "warmup_s", LIMITS["warmup_s"]),
-        "max_requests": 0 if max_requests == 0 else int(_positive_number(
-            max_requests, "max_requests", LIMITS["max_requests"], integer=True)),
-        "refine_steps": 0 if refine_steps == 0 else int(_positive_number(
-            refine_steps, "refine_steps", LIMITS["refine_steps"], integer=True)),
+        "warmup_s": _at_least_zero(warmup_s, "warmup_s", LIMITS["warmup_s"]),
+        "max_requests": int(_at_least_zero(max_requests, "max_requests", LIMITS["max_requests"],
+                                           integer=True)),
+        "refine_steps": int(_at_least_zero(refine_steps, "refine_steps", LIMITS["refine_steps"],
+                                           integer=True)),
         "error_limit": _positive_number(error_limit, "error_limit", 1.0),
         "slo": _slo(deployment, slo),
         "request": parse_request(request, chosen_protocol),
@@ -993,6 +1009,7 @@ def register_config(actor: Any, job: BenchmarkJob, index: int | None = None) -> 
     the same artifact, the measured config, lineage pointing at the job."""
     from rollouts import registry
 
+    require_role(actor, job.tenant, Membership.Role.DEPLOYER)
     if job.state != State.SUCCEEDED or not job.configs:
         raise Conflict("only a finished config sweep has a config to register", field="job")
     chosen = job.summary.get("best_config") if index is None else index

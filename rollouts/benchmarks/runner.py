@@ -236,6 +236,8 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
         value = sweep.next_level(plan, results, slo)
         if value is None:
             break
+        if plan.mode == "concurrency":
+            value = int(value)  # whole clients: 8, not 8.0, in what the job reports
         level = replace(level_proto, value=value, seed=len(results))
         refinement = len([r for r in results if not r.get("refinement")]) >= len(plan.levels) or \
             bool(sweep.stop_reason(plan, [r for r in results if not r.get("refinement")], slo))

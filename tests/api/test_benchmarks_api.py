@@ -264,7 +264,7 @@ def test_a_quota_too_small_for_the_load_is_a_409_on_quota(dave, setup, tenant_a)
 
     response = ask(api_as(dave), setup)
 
-    assert "needs 1 units of cpu" in field_error(response, "quota", 409)
+    assert "needs 1 unit of cpu" in field_error(response, "quota", 409)
 
 
 def test_a_viewer_may_read_but_not_start_or_cancel(bob, dave, setup):
