@@ -74,11 +74,11 @@
     }
     var ytop = dmax > 0 ? dmax * 1.15 : 1;
     if (slo != null && slo > 0 && (dmax <= 0 || slo <= dmax * 3)) ytop = Math.max(ytop, slo * 1.15);
-    // x from 0 unless the points sit far from it (then from a little below the lowest).
-    var lo = x.length ? x[0] : 0, hi = x.length ? x[x.length - 1] : 1;
-    var span = Math.max(hi - lo, hi * 0.1, 1);
-    var xmin = lo < span * 1.5 ? 0 : Math.max(0, lo - span * 0.25);
-    var xmax = hi + span * 0.12;
+    // x from 0: a saturated server shows as the wall it is (latency rising at one req/s),
+    // not as noise blown up across the plot.
+    var hi = x.length ? x[x.length - 1] : 1;
+    var xmin = 0;
+    var xmax = Math.max(hi, 1) * 1.08;
     var best = series.filter(function (s) { return s.best && num(s.max_load_rps) != null; })[0];
     return { lines: lines, data: aligned, ytop: ytop, xmin: xmin, xmax: xmax, slo: slo,
              mark: best && series.length ? { x: num(best.max_load_rps), label: "max load within SLO" } : null };
