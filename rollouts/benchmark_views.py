@@ -21,7 +21,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 from console.paging import paginate, querystring_without_page
 from fleet.models import Membership
 from fleet.tenancy import has_role
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import results, specs
 from rollouts.forms import BenchmarkActionForm, BenchmarkStartForm
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion
 
@@ -107,7 +107,7 @@ def config_sections(job: BenchmarkJob) -> list[dict[str, Any]]:
         summary = entry.get("summary") or {}
         sections.append({
             "index": index,
-            "label": entry.get("label") or jobs.config_label(entry.get("config")),
+            "label": entry.get("label") or specs.config_label(entry.get("config")),
             "rows": level_rows(job, entry.get("levels") or []),
             "summary": summary,
             "max_load_name": level_name(job, summary.get("max_load")),
@@ -121,7 +121,7 @@ def config_sections(job: BenchmarkJob) -> list[dict[str, Any]]:
 
 def configs_to_come(job: BenchmarkJob) -> list[str]:
     """Labels of the configs of a sweep not measured yet."""
-    return [jobs.config_label(c) for c in (job.configs or [])[len(job.results or []):]]
+    return [specs.config_label(c) for c in (job.configs or [])[len(job.results or []):]]
 
 
 def curve_series(job: BenchmarkJob, *, only_best: bool = False, prefix: str = "") -> list[
@@ -267,7 +267,7 @@ def _render_job(request: HttpRequest, job: BenchmarkJob, form: BenchmarkActionFo
     context = _live_context(job) | actions_for(request.user, job) | {
         "form": form,
         "previous": previous_job(request, job),
-        "config_labels": [jobs.config_label(c) for c in job.configs or []],
+        "config_labels": [specs.config_label(c) for c in job.configs or []],
     }
     return render(request, "rollouts/benchmark_detail.html", context, status=status)
 
@@ -383,7 +383,7 @@ def start_benchmark(request: HttpRequest, deployment: Deployment) -> tuple[
 
 def version_benchmark_context(version: ModelVersion) -> dict[str, Any]:
     """The version page's Measured capacity panel: the newest finished benchmark."""
-    latest = jobs.latest_result(version)
+    latest = results.latest_result(version)
     return {"benchmark": best_figures(latest),
             "benchmarks_running": version.benchmark_jobs.filter(
                 state__in=BenchmarkJob.ACTIVE).first()}

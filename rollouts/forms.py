@@ -16,6 +16,7 @@ from fleet.forms import DomainForm
 from rollouts import approvals, deployments, loads, routes
 from rollouts import rollout as rollout_domain
 from rollouts.benchmarks import jobs as benchmark_jobs
+from rollouts.benchmarks import results as benchmark_results
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion, Rollout, Route
 
 
@@ -474,7 +475,7 @@ class BenchmarkStartForm(DomainForm):
 
 class BenchmarkActionForm(DomainForm):
     """Cancel a benchmark (``jobs.cancel``), or register one of the configs a config sweep
-    measured as a new version (``jobs.register_config``).
+    measured as a new version (``results.register_config``).
 
     ``expected`` is the version number the button promised: when the model has moved on (or
     this config was registered already, a second click), the refusal says so rather than
@@ -513,4 +514,4 @@ class BenchmarkActionForm(DomainForm):
         if expected is not None and expected != top + 1:
             raise Conflict(f"{model.name} has v{top} now: the next version is v{top + 1}, not "
                            f"v{expected}; reload the page to check", field="job")
-        return benchmark_jobs.register_config(self.actor, self.job, index)
+        return benchmark_results.register_config(self.actor, self.job, index)

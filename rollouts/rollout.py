@@ -1099,9 +1099,9 @@ def _after_analysis(rollout: Rollout, row: RolloutAnalysis) -> bool:
 
 def _benchmark_step(rollout: Rollout, value: dict[str, Any]) -> bool:
     """The benchmark gate: the candidate's measured capacity against the baseline's."""
-    from rollouts.benchmarks import jobs as benchmark_jobs
+    from rollouts.benchmarks import results as benchmark_results
 
-    found = benchmark_jobs.gate(rollout.candidate, rollout.baseline, value.get("max_drop_pct", 10),
+    found = benchmark_results.gate(rollout.candidate, rollout.baseline, value.get("max_drop_pct", 10),
                                 mode=value.get("mode"))
     step = f"step {rollout.step_index + 1}: benchmark gate"
     if found["passed"] is True:

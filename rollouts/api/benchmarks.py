@@ -38,10 +38,10 @@ from fleet.errors import DomainError
 from fleet.models import InferenceServer
 from rollouts.api.rollouts import MAX_IDEMPOTENCY_KEY, MAX_VERSION, _named_at_the_top
 from rollouts.api.serializers import ModelVersionSerializer
-from rollouts.benchmarks import jobs, sweep
+from rollouts.benchmarks import jobs, results, specs, sweep
 from rollouts.models import BenchmarkJob, Deployment, Model
 
-LIMITS = jobs.LIMITS
+LIMITS = specs.LIMITS
 Mode = BenchmarkJob.Mode
 Protocol = BenchmarkJob.Protocol
 
@@ -764,7 +764,7 @@ class BenchmarkJobViewSet(
         config, labels naming the job."""
         body = RegisterConfigSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        made = jobs.register_config(request.user, self.get_object(),
+        made = results.register_config(request.user, self.get_object(),
                                     body.validated_data.get("config"))
         return Response(ModelVersionSerializer(made, context=self.get_serializer_context()).data,
                         status=status.HTTP_201_CREATED)

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import specs
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion
 
 
@@ -50,7 +50,7 @@ def finished_job(deployment: Deployment, version: ModelVersion, *, rps: float = 
     for index, override in enumerate(configs or [None]):
         carried = rps * (1 + 0.25 * index)
         results.append({
-            "config": override or {}, "label": jobs.config_label(override),
+            "config": override or {}, "label": specs.config_label(override),
             "levels": [level(1, carried / 2, 5.2), level(2, carried, 9.5),
                        level(4, carried * 1.1, 52.0, verdict=["p99 52.0 ms over 40 ms"])],
             "summary": sweep_summary(2, carried), "error": "", "load_id": None,

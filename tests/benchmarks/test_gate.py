@@ -8,7 +8,7 @@ from django.utils import timezone
 from fleet.errors import DomainError
 from fleet.models import Cluster, InferenceServer
 from rollouts import rollout
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import results
 from rollouts.models import BenchmarkJob, ModelVersion
 from tests.factories import DeploymentFactory, ModelFactory
 
@@ -41,10 +41,10 @@ def test_within_the_allowed_drop_passes_and_past_it_fails(versions):
     deployment, server, (v1, v2) = versions
     finished(deployment, server, v1, 200.0)
     job = finished(deployment, server, v2, 181.0)
-    assert jobs.gate(v2, v1, 10)["passed"] is True
+    assert results.gate(v2, v1, 10)["passed"] is True
     job.delete()
     finished(deployment, server, v2, 179.0)
-    found = jobs.gate(v2, v1, 10)
+    found = results.gate(v2, v1, 10)
     assert found["passed"] is False and found["drop_pct"] == pytest.approx(10.5)
     assert "below v1" in found["message"]
 
@@ -55,15 +55,15 @@ def test_the_newest_succeeded_benchmark_counts_and_failed_ones_do_not(versions):
     finished(deployment, server, v2, 100.0, days=2)
     finished(deployment, server, v2, 199.0)
     finished(deployment, server, v2, 10.0, state="failed")
-    assert jobs.gate(v2, v1, 5)["passed"] is True
+    assert results.gate(v2, v1, 5)["passed"] is True
 
 
 def test_missing_benchmarks_or_another_mode_leave_the_gate_undecided(versions):
     deployment, server, (v1, v2) = versions
     finished(deployment, server, v1, 200.0)
-    assert jobs.gate(v2, v1, 10)["passed"] is None
+    assert results.gate(v2, v1, 10)["passed"] is None
     finished(deployment, server, v2, 200.0, mode="rate")
-    undecided = jobs.gate(v2, v1, 10)
+    undecided = results.gate(v2, v1, 10)
     assert undecided["passed"] is None and "v2" in undecided["message"]
 
 
@@ -82,5 +82,5 @@ def test_benchmarks_on_different_device_classes_are_not_compared(versions):
     deployment, server, (v1, v2) = versions
     finished(deployment, server, v1, 200.0, device_class="a100-80gb")
     finished(deployment, server, v2, 100.0, device_class="cpu")
-    found = jobs.gate(v2, v1, 10)
+    found = results.gate(v2, v1, 10)
     assert found["passed"] is None and "a100-80gb" in found["message"]

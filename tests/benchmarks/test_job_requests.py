@@ -7,7 +7,7 @@ from django.core.exceptions import PermissionDenied
 
 from fleet.errors import DomainError
 from fleet.models import Membership
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import results, specs
 from rollouts.models import BenchmarkJob, ModelVersion
 from tests.factories import MembershipFactory, ModelFactory
 
@@ -23,12 +23,12 @@ def version():
 
 
 def test_whole_numbers_written_as_floats_are_whole_numbers(version):
-    [config] = jobs.parse_configs([{"instance_group": 2.0, "dynamic_batching": {
+    [config] = specs.parse_configs([{"instance_group": 2.0, "dynamic_batching": {
         "max_queue_delay_microseconds": 100.0, "preferred_batch_size": [4.0, 8]}}], version)
     assert config["instance_group"][0]["count"] == 2
     assert config["dynamic_batching"] == {"max_queue_delay_microseconds": 100,
                                           "preferred_batch_size": [4, 8]}
-    spread = jobs.parse_request({"output_tokens": {"mean": 24, "spread": 2.0}}, "openai_chat")
+    spread = specs.parse_request({"output_tokens": {"mean": 24, "spread": 2.0}}, "openai_chat")
     assert spread["output_tokens"] == {"mean": 24, "spread": 2}
 
 
@@ -44,20 +44,20 @@ def test_whole_numbers_written_as_floats_are_whole_numbers(version):
 ])
 def test_bad_overrides_name_their_field(version, bad, field):
     with pytest.raises(DomainError) as caught:
-        jobs.parse_configs([bad], version)
+        specs.parse_configs([bad], version)
     assert caught.value.field == field
 
 
 def test_false_is_not_zero():
     for name in ("warmup_s", "max_requests", "refine_steps"):
         with pytest.raises(DomainError) as caught:
-            jobs._at_least_zero(False, name, 10)
+            specs.at_least_zero(False, name, 10)
         assert caught.value.field == name
-    assert jobs._at_least_zero(0, "warmup_s", 10) == 0.0
+    assert specs.at_least_zero(0, "warmup_s", 10) == 0.0
 
 
 def test_only_a_deployer_registers_a_config_whatever_the_job(version):
     viewer = MembershipFactory(tenant=version.model.tenant, role=Membership.Role.VIEWER).user
     job = BenchmarkJob(tenant=version.model.tenant, version=version, state="running")
     with pytest.raises(PermissionDenied):
-        jobs.register_config(viewer, job)
+        results.register_config(viewer, job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import jobs, results
 from rollouts.models import BenchmarkJob, ModelLoad
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.triton]
@@ -70,11 +70,11 @@ def test_a_config_sweep_over_instance_counts_finds_a_config_at_least_as_good_and
         a, b = before["summary"]["max_load_rps"], after["summary"]["max_load_rps"]
         assert abs(a - b) <= 0.25 * max(a, b), (before["label"], a, b)
 
-    registered = jobs.register_config(world.user, first)
+    registered = results.register_config(world.user, first)
     assert registered.version == 2
     assert registered.triton_config["instance_group"][0]["count"] == 2
     assert registered.sha256 == version.sha256 and registered.labels["benchmark_job"] == str(first.pk)
-    assert jobs.register_config(world.user, first) == registered  # a retry registers nothing new
+    assert results.register_config(world.user, first) == registered  # a retry registers nothing new
 
 
 def test_cancel_stops_the_load_within_a_second_and_unloads(world):
