@@ -179,15 +179,17 @@ def ended(row: dict[str, Any]) -> int:
     return code
 
 
-def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: bool = False,
-         sleep: Callable[[float], None] = time.sleep) -> int:
-    """Poll the rollout every second until it ends (or the timeout); print each change."""
+def follow(read: Callable[[], dict[str, Any]], line_of: Callable[[dict[str, Any]], str],
+           done: Callable[[dict[str, Any]], int | None], what: str, timeout: float,
+           sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll ``read()`` every second, printing each new ``line_of`` the row, until ``done``
+    gives an exit code (or the timeout: WAITING); an unreachable API is retried."""
     deadline = time.monotonic() + timeout
     shown = ""
     unreachable = False
     while True:
         try:
-            row = client.rollout(rollout_id)
+            row = read()
         except Refused as exc:
             if not exc.transient:
                 raise
@@ -196,19 +198,33 @@ def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: boo
             unreachable = True
         else:
             unreachable = False
-            line = summary(row)
+            line = line_of(row)
             if line != shown:
                 say(line)
                 shown = line
-            if row["state"] in EXIT_CODES:
-                return ended(row)
-            if stop_when_waiting and waits_for_a_person(row):
-                say(f"rollout {rollout_id} waits for a person: {row.get('waiting_for') or row['state']}")
-                return WAITING
+            code = done(row)
+            if code is not None:
+                return code
         if time.monotonic() >= deadline:
-            say(f"timed out after {timeout:g}s: {shown or f'rollout {rollout_id} not read'}")
+            say(f"timed out after {timeout:g}s: {shown or f'{what} not read'}")
             return WAITING
         sleep(POLL_S)
+
+
+def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: bool = False,
+         sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll the rollout every second until it ends (or the timeout); print each change."""
+
+    def done(row: dict[str, Any]) -> int | None:
+        if row["state"] in EXIT_CODES:
+            return ended(row)
+        if stop_when_waiting and waits_for_a_person(row):
+            say(f"rollout {rollout_id} waits for a person: {row.get('waiting_for') or row['state']}")
+            return WAITING
+        return None
+
+    return follow(lambda: client.rollout(rollout_id), summary, done, f"rollout {rollout_id}",
+                  timeout, sleep)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,32 +284,16 @@ def benchmark_summary(row: dict[str, Any]) -> list[str]:
 def wait_benchmark(client: Client, job_id: int, timeout: float,
                    sleep: Callable[[float], None] = time.sleep) -> int:
     """Poll the job every second until it ends (or the timeout); print each change."""
-    deadline = time.monotonic() + timeout
-    shown = ""
-    unreachable = False
-    while True:
-        try:
-            row = client.benchmark(job_id)
-        except Refused as exc:
-            if not exc.transient:
-                raise
-            if not unreachable:
-                warn(f"{exc}; trying again")
-            unreachable = True
-        else:
-            unreachable = False
-            line = benchmark_line(row)
-            if line != shown:
-                say(line)
-                shown = line
-            if row["state"] in BENCHMARK_EXIT_CODES:
-                for text in benchmark_summary(row):
-                    say(text)
-                return BENCHMARK_EXIT_CODES[row["state"]]
-        if time.monotonic() >= deadline:
-            say(f"timed out after {timeout:g}s: {shown or f'benchmark {job_id} not read'}")
-            return WAITING
-        sleep(POLL_S)
+
+    def done(row: dict[str, Any]) -> int | None:
+        if row["state"] not in BENCHMARK_EXIT_CODES:
+            return None
+        for text in benchmark_summary(row):
+            say(text)
+        return BENCHMARK_EXIT_CODES[row["state"]]
+
+    return follow(lambda: client.benchmark(job_id), benchmark_line, done, f"benchmark {job_id}",
+                  timeout, sleep)
 
 
 # --------------------------------------------------------------------------------------------
