@@ -237,6 +237,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(hours=1),
         "options": {"expires": 600},
     },
+    "prune-benchmark-files": {
+        "task": "rollouts.tasks.prune_benchmark_files",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 600},
+    },
     "reconcile-model-loads": {
         "task": "rollouts.tasks.reconcile_loads",
         "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),

@@ -85,3 +85,9 @@ def reconcile_benchmarks() -> int:
     for job_id in due:
         advance_benchmark.delay(job_id)
     return len(due)
+
+
+@shared_task(ignore_result=True)
+def prune_benchmark_files() -> int:
+    """Hourly: drop benchmark runner logs older than a week."""
+    return benchmark_jobs.prune_runner_files()

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 State = BenchmarkJob.State
 Protocol = BenchmarkJob.Protocol
 
+RUNNER_FILES_KEPT_S = 7 * 24 * 3600  # runner logs are kept a week
 RUNNER_GRACE_S = 15.0  # a runner not heard from this long after its start has died
 TICK_S = 1.0
 
@@ -320,6 +321,26 @@ def _spec_path(run_id: str) -> Path:
     folder = Path(settings.DATA_DIR) / "benchmarks"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{run_id}.json"
+
+
+def prune_runner_files(max_age_s: float = RUNNER_FILES_KEPT_S) -> int:
+    """Remove runner logs (and specs left by a worker that died) older than ``max_age_s``,
+    except those of jobs still active; returns how many went."""
+    import time
+
+    folder = Path(settings.DATA_DIR) / "benchmarks"
+    if not folder.is_dir():
+        return 0
+    active = set(BenchmarkJob.objects.filter(state__in=BenchmarkJob.ACTIVE)
+                 .exclude(run_id="").values_list("run_id", flat=True))
+    cutoff = time.time() - max_age_s
+    removed = 0
+    for path in folder.iterdir():
+        if path.suffix in (".json", ".log") and path.stem not in active and \
+                path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _current_override(job: BenchmarkJob) -> dict[str, Any] | None:

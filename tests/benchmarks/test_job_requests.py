@@ -61,3 +61,43 @@ def test_only_a_deployer_registers_a_config_whatever_the_job(version):
     job = BenchmarkJob(tenant=version.model.tenant, version=version, state="running")
     with pytest.raises(PermissionDenied):
         results.register_config(viewer, job)
+
+
+def test_runner_files_older_than_a_week_go_except_an_active_jobs(settings, tmp_path, version):
+    import os
+    import time
+
+    from rollouts.benchmarks import jobs
+
+    settings.DATA_DIR = tmp_path
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    week = 7 * 24 * 3600
+    old, fresh, running = (folder / f"{name}.log" for name in ("old", "fresh", "running"))
+    for path in (old, fresh, running):
+        path.write_text("log")
+    for path in (old, running):
+        os.utime(path, (time.time() - week - 60,) * 2)
+    BenchmarkJob.objects.create(
+        tenant=version.model.tenant, deployment=_deployment(version), version=version,
+        server=_server(), protocol="triton_http", levels=[1], state="running", run_id="running",
+        requested_by_label="t")
+
+    assert jobs.prune_runner_files() == 1
+    assert not old.exists() and fresh.exists() and running.exists()
+
+
+def _server():
+    from fleet.models import Cluster, InferenceServer
+
+    cluster = Cluster.objects.create(name="c", kind=Cluster.Kind.LOCAL)
+    return InferenceServer.objects.create(cluster=cluster, name="t", runtime="triton",
+                                          http_url="http://127.0.0.1:9")
+
+
+def _deployment(version):
+    from fleet.models import Cluster
+    from tests.factories import DeploymentFactory
+
+    cluster = Cluster.objects.create(name="d", kind=Cluster.Kind.LOCAL)
+    return DeploymentFactory(tenant=version.model.tenant, model=version.model, cluster=cluster)
