@@ -18,15 +18,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
-from console.paging import paginate, querystring_without_page
 from fleet.models import Membership
 from fleet.tenancy import has_role
 from rollouts.benchmarks import results, specs
 from rollouts.forms import BenchmarkActionForm, BenchmarkStartForm
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion
+from rollouts.rollout_views import list_context
 
 State = BenchmarkJob.State
-STATE_FILTERS = (("active", "Active"), ("finished", "Finished"), ("all", "All"))
 RECENT = 5  # benchmarks listed on a deployment's page
 
 
@@ -219,28 +218,11 @@ def actions_for(user: Any, job: BenchmarkJob) -> dict[str, Any]:
 def benchmark_list(request: HttpRequest) -> HttpResponse:
     """Benchmarks of the viewer's tenants, newest first; ``?state=active|finished|all`` and
     ``?deployment=<id>`` narrow it."""
-    state = request.GET.get("state", "all")
-    if state not in dict(STATE_FILTERS):
-        state = "all"
-    found = _jobs(request)
-    if state == "active":
-        found = found.filter(state__in=BenchmarkJob.ACTIVE)
-    elif state == "finished":
-        found = found.filter(state__in=BenchmarkJob.FINAL)
-    deployments = Deployment.objects.visible_to(request.user).select_related("tenant").order_by(
-        "tenant__slug", "name")
-    deployment = request.GET.get("deployment", "")
-    if deployment.isdigit():
-        found = found.filter(deployment_id=int(deployment))
-    else:
-        deployment = ""
-    page = paginate(request, found)
-    for item in page:
+
+    def decorate(item: BenchmarkJob) -> None:
         item.figures = best_figures(item)
-    context = {
-        "page": page, "state": state, "states": STATE_FILTERS, "deployment": deployment,
-        "deployments": deployments, "qs": querystring_without_page(request),
-    }
+
+    context = list_context(request, _jobs(request), BenchmarkJob.ACTIVE, BenchmarkJob.FINAL, decorate)
     template = ("rollouts/benchmark_list.html#results" if request.htmx
                 else "rollouts/benchmark_list.html")
     return render(request, template, context)

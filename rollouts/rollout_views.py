@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -278,18 +279,17 @@ def deployment_rollouts_context(
 # --------------------------------------------------------------------------------------------
 
 
-@login_required
-def rollout_list(request: HttpRequest) -> HttpResponse:
-    """Rollouts of the viewer's tenants, newest first; ``?state=active|finished|all`` and
-    ``?deployment=<id>`` narrow it."""
+def list_context(request: HttpRequest, found: Any, active: list[str], final: list[str],
+                 decorate: Callable[[Any], None]) -> dict[str, Any]:
+    """The rollout and benchmark lists' page: ``found`` narrowed by ``?state=active|finished|all``
+    and ``?deployment=<id>``, paginated, each row passed to ``decorate``."""
     state = request.GET.get("state", "all")
     if state not in dict(STATE_FILTERS):
         state = "all"
-    found = _rollouts(request)
     if state == "active":
-        found = found.filter(state__in=Rollout.ACTIVE)
+        found = found.filter(state__in=active)
     elif state == "finished":
-        found = found.filter(state__in=Rollout.FINAL)
+        found = found.filter(state__in=final)
     deployments = Deployment.objects.visible_to(request.user).select_related("tenant").order_by(
         "tenant__slug", "name")
     deployment = request.GET.get("deployment", "")
@@ -299,12 +299,23 @@ def rollout_list(request: HttpRequest) -> HttpResponse:
         deployment = ""
     page = paginate(request, found)
     for item in page:
-        item.weight_rows = weight_rows(item)
-        item.step_text = step_summary(item)
-    context = {
+        decorate(item)
+    return {
         "page": page, "state": state, "states": STATE_FILTERS, "deployment": deployment,
         "deployments": deployments, "qs": querystring_without_page(request),
     }
+
+
+@login_required
+def rollout_list(request: HttpRequest) -> HttpResponse:
+    """Rollouts of the viewer's tenants, newest first; ``?state=active|finished|all`` and
+    ``?deployment=<id>`` narrow it."""
+
+    def decorate(item: Rollout) -> None:
+        item.weight_rows = weight_rows(item)
+        item.step_text = step_summary(item)
+
+    context = list_context(request, _rollouts(request), Rollout.ACTIVE, Rollout.FINAL, decorate)
     template = "rollouts/rollout_list.html#results" if request.htmx else "rollouts/rollout_list.html"
     return render(request, template, context)
 
