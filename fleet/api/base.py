@@ -13,6 +13,17 @@ from fleet.errors import DomainError
 from fleet.models import Tenant
 from fleet.tenancy import is_platform_admin, tenant_roles
 
+#: The longest Idempotency-Key header a create call accepts.
+MAX_IDEMPOTENCY_KEY = 200
+
+
+def idempotency_key(request: Request) -> str:
+    """The request's ``Idempotency-Key`` header ('' without one); too long is a 400."""
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        raise DomainError(f"at most {MAX_IDEMPOTENCY_KEY} characters", field="idempotency_key")
+    return key
+
 
 class TenantScopedViewSetMixin:
     """Every queryset goes through ``visible_to(request.user)``: another tenant's row is a 404."""

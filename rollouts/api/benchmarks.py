@@ -30,13 +30,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.schema import AutoSchema
-from fleet.api.base import TenantScopedViewSetMixin
+from fleet.api.base import MAX_IDEMPOTENCY_KEY, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.filters import FilterSet, IntegerFilter, parse_integer
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
 from fleet.errors import DomainError
 from fleet.models import InferenceServer
-from rollouts.api.rollouts import MAX_IDEMPOTENCY_KEY, MAX_VERSION, _named_at_the_top
+from rollouts.api.rollouts import MAX_VERSION, _named_at_the_top
 from rollouts.api.serializers import ModelVersionSerializer
 from rollouts.benchmarks import jobs, results, specs, sweep
 from rollouts.models import BenchmarkJob, Deployment, Model
@@ -721,9 +721,7 @@ class BenchmarkJobViewSet(
         body = BenchmarkRequestSerializer(data=request.data,
                                           context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
-        key = request.headers.get("Idempotency-Key", "").strip()
-        if len(key) > MAX_IDEMPOTENCY_KEY:
-            raise DomainError(f"at most {MAX_IDEMPOTENCY_KEY} characters", field="idempotency_key")
+        key = idempotency_key(request)
         try:
             found, made = jobs.create_job(
                 request.user, body.validated_data["deployment"], idempotency_key=key,

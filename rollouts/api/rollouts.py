@@ -25,7 +25,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet.api.base import TenantScopedViewSetMixin
+from fleet.api.base import TenantScopedViewSetMixin, idempotency_key
 from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
@@ -43,7 +43,6 @@ from rollouts.models import (
 )
 
 MAX_VERSION = 2**31 - 1  # what a version number column holds
-MAX_IDEMPOTENCY_KEY = 200
 EVENTS_SHOWN = 200  # a rollout's detail carries the newest events of its timeline, oldest first
 ALIAS = r"^[A-Za-z0-9_-]*$"
 TOP_FIELD = re.compile(r"[A-Za-z_]+")
@@ -436,9 +435,7 @@ class RolloutViewSet(
         one with ``require_approval``) waits in pending_approval for an approver."""
         body = RolloutRequestSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
-        key = request.headers.get("Idempotency-Key", "").strip()
-        if len(key) > MAX_IDEMPOTENCY_KEY:
-            raise DomainError(f"at most {MAX_IDEMPOTENCY_KEY} characters", field="idempotency_key")
+        key = idempotency_key(request)
         try:
             found, made = rollout.create_rollout(
                 request.user, body.validated_data["deployment"], idempotency_key=key,

@@ -12,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
+from fleet.api.base import TenantScopedViewSetMixin, idempotency_key, resolve_tenant
 from fleet.api.filters import FilterSet, parse_integer
 from fleet.api.refs import IdOrNameFilter
 from fleet.errors import DomainError
@@ -294,9 +294,7 @@ class ModelLoadViewSet(
         body = s.LoadRequestSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        key = request.headers.get("Idempotency-Key", "").strip()
-        if len(key) > 200:
-            raise DomainError("at most 200 characters", field="idempotency_key")
+        key = idempotency_key(request)
         if data["action"] == "unload":
             rows = loads.request_unload(
                 request.user, data["deployment"], data["model_version"],
