@@ -23,8 +23,20 @@ LOCAL_CLUSTER_USERS = {
 }
 
 
+def _parse(path: Path) -> ast.Module:
+    """``path``'s syntax tree. Python 3.11 keeps one recursion counter for all threads while it
+    builds a tree, so a traceback formatted in another thread of the test session (it parses
+    source to place its carets) can make this parse fail with a SystemError that says nothing
+    about the file; a second try is then exact."""
+    source = path.read_text()
+    try:
+        return ast.parse(source, filename=str(path))
+    except SystemError:
+        return ast.parse(source, filename=str(path))
+
+
 def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _parse(path)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -38,7 +50,7 @@ def _all_imports(path: Path) -> set[str]:
     """Every module ``path`` imports, at any depth (function-level imports included); for
     ``from a import b`` both ``a`` and ``a.b`` (b may be a module)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.db import connection, transaction
@@ -20,6 +20,7 @@ from fleet.adapters.base import ServerProbe
 from fleet.models import InferenceServer
 from fleet.runtime.triton_local import TritonProcess
 from tests.factories import ClusterFactory, InferenceServerFactory, ModelFactory
+from tests.fixtures.http_server import QuietHTTPServer
 
 Health = InferenceServer.Health
 # Tests whose probes run against real servers commit their rows, like the beat task does.
@@ -90,7 +91,7 @@ class _NotReadyTriton(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_ready_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotReadyTriton)
+    server = QuietHTTPServer(("127.0.0.1", 0), _NotReadyTriton)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

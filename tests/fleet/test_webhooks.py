@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from fleet import webhooks
 from fleet.errors import Conflict, DomainError
 from fleet.models import AuditEvent, Webhook, WebhookDelivery
 from tests.factories import TenantFactory
+from tests.fixtures.http_server import QuietHTTPServer
 
 State = WebhookDelivery.State
 ROLLOUT = {"id": 3, "tenant": "tenant-a", "deployment": "fraud-prod", "model": "fraud-scorer",
@@ -62,7 +63,7 @@ def receiver() -> Iterator[Receiver]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
