@@ -273,6 +273,8 @@ SWITCHYARD_LOCAL_TRITON_METRICS_PORT = env_int(
 # be an address of this machine that the router's host can reach.
 SWITCHYARD_COLLECTOR_HOST = env_str("SWITCHYARD_COLLECTOR_HOST", "127.0.0.1")
 SWITCHYARD_COLLECTOR_PORT = env_int("SWITCHYARD_COLLECTOR_PORT", 5514, minimum=1)
+# How long the collector keeps a Kubernetes route's variants (to map an Envoy gateway's lines).
+SWITCHYARD_SAMPLES_ROUTE_CACHE_S = env_float("SWITCHYARD_SAMPLES_ROUTE_CACHE_S", 5.0, minimum=0.0)
 # The local cluster's nginx: its prefix directory (the router's route files are in
 # <prefix>/switchyard) and the port of its status page.
 SWITCHYARD_LOCAL_NGINX_DIR = DATA_DIR / "local" / "nginx"
@@ -425,3 +427,45 @@ LOGGING = {
         "httpx": {"level": "WARNING"},  # one line per probe request is noise
     },
 }
+
+# --- Kubernetes clusters (fleet/kube_connection.py, fleet/kube_sync.py, rollouts/workloads.py) --
+# Stored cluster secrets (bearer tokens, kubeconfigs) are encrypted with a key derived from this
+# (default: SECRET_KEY). Changing it makes them unreadable: they must be entered again.
+SWITCHYARD_SECRET_KEY = env_secret("SWITCHYARD_SECRET_KEY")
+# Every call to a cluster's API gives up after this long.
+SWITCHYARD_KUBE_TIMEOUT_S = env_float("SWITCHYARD_KUBE_TIMEOUT_S", 10.0, minimum=1.0)
+# How often each Kubernetes cluster's nodes and servers are synced: a watch of at most this long
+# from the last resourceVersion (a full list first, and again after a 410 Gone).
+SWITCHYARD_KUBE_SYNC_INTERVAL_S = env_float("SWITCHYARD_KUBE_SYNC_INTERVAL_S", 15.0, minimum=1.0)
+# A full list of the nodes at least this often, even while watches succeed (a watch that missed
+# an event cannot tell), and the page size of lists (0: one request).
+SWITCHYARD_KUBE_RELIST_INTERVAL_S = env_float(
+    "SWITCHYARD_KUBE_RELIST_INTERVAL_S", 60.0, minimum=1.0
+)
+SWITCHYARD_KUBE_PAGE_SIZE = env_int("SWITCHYARD_KUBE_PAGE_SIZE", 500, minimum=0)
+# How long new server pods may take to become available before the change is rolled back.
+SWITCHYARD_KUBE_ROLLOUT_DEADLINE_S = env_float(
+    "SWITCHYARD_KUBE_ROLLOUT_DEADLINE_S", 600.0, minimum=5.0
+)
+SWITCHYARD_TRITON_IMAGE = env_str("SWITCHYARD_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.08-py3")
+SWITCHYARD_VLLM_IMAGE = env_str("SWITCHYARD_VLLM_IMAGE", "vllm/vllm-openai:v0.6.3")
+CELERY_BEAT_SCHEDULE["sync-kube-clusters"] = {
+    "task": "fleet.tasks.sync_kube_clusters",
+    "schedule": timedelta(seconds=SWITCHYARD_KUBE_SYNC_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_KUBE_SYNC_INTERVAL_S},
+}
+CELERY_BEAT_SCHEDULE["reconcile-workloads"] = {
+    "task": "rollouts.tasks.reconcile_workloads",
+    "schedule": timedelta(seconds=SWITCHYARD_RECONCILE_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_RECONCILE_INTERVAL_S},
+}
+
+# --- Switchyard's own /metrics (console/metrics.py) ------------------------------------------------
+# With a token, scrapers send "Authorization: Bearer <token>"; without one, only loopback callers
+# are answered. SWITCHYARD_METRICS_ALLOW_NETS (comma-separated CIDRs) narrows who may call further.
+SWITCHYARD_METRICS_TOKEN = env_secret("SWITCHYARD_METRICS_TOKEN") or ""
+SWITCHYARD_METRICS_ALLOW_NETS = env_list("SWITCHYARD_METRICS_ALLOW_NETS", [])
+# The replica recommendation plans for this share of each replica's measured capacity.
+SWITCHYARD_AUTOSCALE_TARGET_UTILIZATION = env_float(
+    "SWITCHYARD_AUTOSCALE_TARGET_UTILIZATION", 0.7, minimum=0.05
+)

@@ -2,7 +2,9 @@
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.http import HttpRequest
 
@@ -107,10 +109,39 @@ class NodeInline(admin.TabularInline):
     extra = 0
 
 
+class ClusterAdminForm(forms.ModelForm):
+    """The model's checks of fields this form does not show (Kubernetes access) are shown
+    above the form, naming the field, instead of failing the page."""
+
+    def _update_errors(self, errors: ValidationError) -> None:
+        if hasattr(errors, "error_dict"):
+            moved: dict[str, list[ValidationError]] = {}
+            for name, messages in errors.error_dict.items():
+                if name in self.fields or name == NON_FIELD_ERRORS:
+                    moved.setdefault(name, []).extend(messages)
+                    continue
+                moved.setdefault(NON_FIELD_ERRORS, []).extend(
+                    ValidationError(f"{name}: {m} (set it on the console's cluster page)")
+                    for error in messages for m in error.messages
+                )
+            errors = ValidationError(moved)
+        super()._update_errors(errors)
+
+
 @admin.register(Cluster)
 class ClusterAdmin(AuditedAdmin):
+    """Kubernetes access (the secret above all) is set on the console's cluster page, whose
+    form stores the secret encrypted and checks the whole: here it is read-only."""
+
+    form = ClusterAdminForm
     list_display = ["name", "kind", "description", "last_synced_at"]
     inlines = [NodeInline]
+    readonly_fields = [
+        "kube_auth", "kube_context", "kube_ca_bundle", "kube_secret_env", "kube_router",
+        "kube_gateway", "kube_route_host", "kube_namespace", "connection_state",
+        "connection_detail", "connection_checked_at", "kube_server_version", "sync_state",
+        "sync_detail", "last_synced_at",
+    ]
 
 
 class GPUInline(admin.TabularInline):

@@ -80,8 +80,10 @@ def _node_capacity_mib(server: InferenceServer, device_class: str) -> int | None
         return None
     if device_class == CPU_CLASS:
         return server.node.memory_mib or None
-    total = GPU.objects.filter(
-        node_id=server.node_id, parent__isnull=True, device_class=device_class
+    # A GPU partitioned into MIG slices offers its slices (their own class), not itself.
+    partitioned = GPU.objects.filter(parent__isnull=False).values("parent_id")
+    total = GPU.objects.filter(node_id=server.node_id, device_class=device_class).exclude(
+        pk__in=partitioned
     ).aggregate(total=Sum("memory_mib"))["total"]
     return total or None
 
@@ -101,33 +103,10 @@ def admit(
     """
     device_class = device_class_of(server)
     with transaction.atomic():
-        existing = Placement.objects.filter(
-            server=server, model_version_id=model_version_id, state__in=Placement.HOLDING
-        ).first()
+        existing = _holding(server, model_version_id)
         if existing is not None:
             return existing
-        quota = Quota.objects.select_for_update().filter(tenant=tenant, device_class=device_class).first()
-        if quota is None:
-            raise QuotaExceeded(
-                f"tenant {tenant.slug} has no quota for device class {device_class}; "
-                "ask a platform admin for one",
-                field="quota",
-            )
-        usage = usage_for([quota])[0]
-        if units > usage.units_left:
-            raise QuotaExceeded(
-                f"{quota.unit_label} quota of {tenant.slug} on {device_class} exceeded: "
-                f"asks {units}, {usage.units_left} left of {quota.units} "
-                f"(short by {units - usage.units_left})",
-                field="quota",
-            )
-        if memory_mib > usage.memory_left_mib:
-            raise QuotaExceeded(
-                f"{quota.memory_label} quota of {tenant.slug} on {device_class} exceeded: "
-                f"asks {memory_mib} MiB, {usage.memory_left_mib} MiB left of "
-                f"{quota.memory_mib} MiB (short by {memory_mib - usage.memory_left_mib} MiB)",
-                field="quota",
-            )
+        _refuse_beyond_quota(tenant, device_class, units, memory_mib)
         capacity = _node_capacity_mib(server, device_class)
         if capacity is not None:
             # Tenants share nodes: serialise admissions per node as well as per quota.
@@ -143,15 +122,22 @@ def admit(
                     f"{free} MiB free of {capacity} MiB",
                     field="node",
                 )
-        return Placement.objects.create(
-            tenant=tenant,
-            server=server,
-            model_version_id=model_version_id,
-            device_class=device_class,
-            units=units,
-            memory_mib=memory_mib,
-            state=Placement.State.LOADING,
-        )
+        return _place(tenant, server, model_version_id, device_class, units, memory_mib)
+
+
+def _holding(server: InferenceServer, model_version_id: int) -> Placement | None:
+    return Placement.objects.filter(
+        server=server, model_version_id=model_version_id, state__in=Placement.HOLDING
+    ).first()
+
+
+def _place(tenant: Tenant, server: InferenceServer, model_version_id: int, device_class: str,
+           units: int, memory_mib: int) -> Placement:
+    return Placement.objects.create(
+        tenant=tenant, server=server, model_version_id=model_version_id,
+        device_class=device_class, units=units, memory_mib=memory_mib,
+        state=Placement.State.LOADING,
+    )
 
 
 def activate(placement: Placement, config_hash: str) -> Placement:
@@ -170,3 +156,74 @@ def release(placement: Placement | None) -> None:
     Placement.objects.filter(pk=placement.pk, state__in=Placement.HOLDING).update(
         state=Placement.State.RELEASED, released_at=timezone.now()
     )
+
+
+def _refuse_beyond_quota(
+    tenant: Tenant, device_class: str, units: int, memory_mib: int, *, more: bool = False
+) -> None:
+    """Lock the tenant's quota row for ``device_class`` (until the transaction ends) and
+    raise QuotaExceeded unless ``units`` and ``memory_mib`` more fit beside what is held
+    (``more``: they are added to what the asker holds already, and the message says so)."""
+    extra = " more" if more else ""
+    quota = Quota.objects.select_for_update().filter(tenant=tenant, device_class=device_class).first()
+    if quota is None:
+        raise QuotaExceeded(
+            f"tenant {tenant.slug} has no quota for device class {device_class}; "
+            "ask a platform admin for one",
+            field="quota",
+        )
+    usage = usage_for([quota])[0]
+    if units > usage.units_left:
+        raise QuotaExceeded(
+            f"{quota.unit_label} quota of {tenant.slug} on {device_class} exceeded: "
+            f"asks {units}{extra}, {usage.units_left} left of {quota.units} "
+            f"(short by {units - usage.units_left})",
+            field="quota",
+        )
+    if memory_mib > usage.memory_left_mib:
+        raise QuotaExceeded(
+            f"{quota.memory_label} quota of {tenant.slug} on {device_class} exceeded: "
+            f"asks {memory_mib} MiB{extra}, {usage.memory_left_mib} MiB left of "
+            f"{quota.memory_mib} MiB (short by {memory_mib - usage.memory_left_mib} MiB)",
+            field="quota",
+        )
+
+
+def admit_on_class(
+    tenant: Tenant,
+    server: InferenceServer,
+    model_version_id: int,
+    device_class: str,
+    units: int,
+    memory_mib: int,
+) -> Placement:
+    """:func:`admit` for a server whose device class is not its node's: a server Switchyard
+    runs on Kubernetes, whose pods the scheduler places on any node that offers the GPU
+    resource its Deployment asks for (the class comes from that resource and the product it
+    selects). No node is recorded for such a server, so only the quota is checked: the
+    scheduler holds the pods back while no node has room. Idempotent as :func:`admit`."""
+    with transaction.atomic():
+        existing = _holding(server, model_version_id)
+        if existing is not None:
+            return existing
+        _refuse_beyond_quota(tenant, device_class, units, memory_mib)
+        return _place(tenant, server, model_version_id, device_class, units, memory_mib)
+
+
+def resize(placement: Placement, units: int, memory_mib: int) -> Placement:
+    """Make a held placement hold ``units`` and ``memory_mib`` (a server scaled to more or
+    fewer replicas). Growing is admitted against the quota first, for the difference only,
+    and refused with the numbers (QuotaExceeded, nothing changed); shrinking always fits."""
+    with transaction.atomic():
+        current = Placement.objects.select_for_update().get(pk=placement.pk)
+        if current.state not in Placement.HOLDING:
+            raise QuotaExceeded(f"placement {current.pk} is released: it cannot be resized",
+                                field="quota")
+        more_units = units - current.units
+        more_memory = memory_mib - current.memory_mib
+        if more_units > 0 or more_memory > 0:
+            _refuse_beyond_quota(current.tenant, current.device_class, max(more_units, 0),
+                                 max(more_memory, 0), more=True)
+        Placement.objects.filter(pk=current.pk).update(units=units, memory_mib=memory_mib)
+    placement.refresh_from_db()
+    return placement

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from fleet import health, webhooks
+from fleet import health, kube_sync, webhooks
 
 
 @shared_task(ignore_result=True)
@@ -34,3 +34,25 @@ def retry_webhook_deliveries() -> int:
     for delivery_id in due:
         deliver_webhook.delay(delivery_id)
     return len(due)
+
+
+@shared_task(ignore_result=True)
+def sync_kube_clusters() -> int:
+    """Beat tick: one sync task per Kubernetes cluster whose connection details are set.
+
+    Each cluster syncs in its own task, so a slow or failing cluster never delays or stops
+    the others; a broker that cannot take one is logged and the next tick tries again.
+    """
+    from console.celery import send_now
+
+    ids = kube_sync.clusters_to_sync()
+    for cluster_id in ids:
+        send_now(sync_kube_cluster, cluster_id)
+    return len(ids)
+
+
+@shared_task(ignore_result=True)
+def sync_kube_cluster(cluster_id: int, full: bool = False) -> None:
+    """One sync of one Kubernetes cluster (a list or a bounded watch; ``full``: a list);
+    records its outcome, never raises."""
+    kube_sync.sync_cluster_id(cluster_id, full=full)

@@ -1,5 +1,5 @@
 from .audit import AuditEvent
-from .inventory import GPU, Cluster, InferenceServer, Node
+from .inventory import GPU, Cluster, ClusterSync, InferenceServer, Node
 from .quotas import Placement, Quota
 from .tenancy import APIToken, Membership, Tenant
 from .webhooks import Webhook, WebhookDelivery
@@ -9,6 +9,7 @@ __all__ = [
     "APIToken",
     "AuditEvent",
     "Cluster",
+    "ClusterSync",
     "InferenceServer",
     "Membership",
     "Node",

@@ -19,6 +19,9 @@ service_url_validator = RegexValidator(
     r"^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?(/\S*)?$",
     "must be an http:// or https:// URL such as http://triton:8000",
 )
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f:.]+$")
 
 
@@ -44,6 +47,27 @@ class Cluster(models.Model):
     class RouterKind(models.TextChoices):
         NONE = "none", "No traffic router"
         NGINX = "nginx", "nginx"
+
+    class KubeAuth(models.TextChoices):
+        IN_CLUSTER = "in-cluster", "In-cluster service account"
+        KUBECONFIG = "kubeconfig", "kubeconfig and context"
+        TOKEN = "token", "API URL, bearer token and CA bundle"
+
+    class KubeRouter(models.TextChoices):
+        GATEWAY_API = "gateway-api", "Gateway API HTTPRoute"
+        ISTIO = "istio", "Istio VirtualService"
+
+    class ConnectionState(models.TextChoices):
+        UNKNOWN = "unknown", "Not tested yet"
+        OK = "ok", "Connected"
+        FAILED = "failed", "Failed"
+
+    class SyncState(models.TextChoices):
+        NEVER = "never", "Never synced"
+        SYNCING = "syncing", "Syncing"
+        OK = "ok", "In sync"
+        PARTIAL = "partial", "Synced with errors"
+        FAILED = "failed", "Failed"
 
     class RouterState(models.TextChoices):
         UNKNOWN = "unknown", "Not checked yet"
@@ -91,6 +115,57 @@ class Cluster(models.Model):
     )
     router_checked_at = models.DateTimeField(null=True, blank=True)
     router_state_changed_at = models.DateTimeField(null=True, blank=True)
+    # Kubernetes clusters: how to reach the API (fleet.kube_connection) and what it said.
+    kube_auth = models.CharField(
+        max_length=16, choices=KubeAuth.choices, blank=True,
+        help_text="How Switchyard authenticates to the Kubernetes API",
+    )
+    kube_context = models.CharField(
+        max_length=253, blank=True, help_text="kubeconfig context (empty: the current one)"
+    )
+    kube_ca_bundle = models.TextField(
+        blank=True, help_text="PEM CA bundle that signs the API server's certificate (token auth)"
+    )
+    kube_secret_encrypted = models.TextField(
+        blank=True, editable=False,
+        help_text="The bearer token or kubeconfig, encrypted with SWITCHYARD_SECRET_KEY",
+    )
+    kube_secret_env = models.CharField(
+        max_length=128, blank=True,
+        help_text="Or: the environment variable that holds the bearer token or kubeconfig",
+    )
+    kube_namespace = models.CharField(
+        max_length=63, default="switchyard", validators=[slug_validator],
+        help_text="Namespace of the servers and routes Switchyard creates",
+    )
+    kube_router = models.CharField(
+        max_length=16, choices=KubeRouter.choices, blank=True,
+        help_text="How traffic is split on this cluster: Gateway API HTTPRoutes or Istio "
+                  "VirtualServices",
+    )
+    kube_gateway = models.CharField(
+        max_length=253, blank=True,
+        help_text="The Gateway routes attach to, as namespace/name (Gateway API; for Istio "
+                  "optional, namespace/name or name, empty: the mesh only)",
+    )
+    kube_route_host = models.CharField(
+        max_length=253, blank=True,
+        help_text="Domain routes answer under: a deployment's route is <route>.<domain> "
+                  "(HTTPRoute hostnames, VirtualService hosts)",
+    )
+    connection_state = models.CharField(
+        max_length=16, choices=ConnectionState.choices, default=ConnectionState.UNKNOWN
+    )
+    connection_detail = models.CharField(max_length=500, blank=True)
+    connection_checked_at = models.DateTimeField(null=True, blank=True)
+    kube_server_version = models.CharField(max_length=100, blank=True)
+    sync_state = models.CharField(max_length=16, choices=SyncState.choices,
+                                  default=SyncState.NEVER)
+    sync_detail = models.CharField(max_length=500, blank=True)
+    nodes_resource_version = models.CharField(
+        max_length=64, blank=True, editable=False,
+        help_text="Where the node watch resumes (the last resourceVersion seen)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_synced_at = models.DateTimeField(null=True, blank=True)
 
@@ -102,7 +177,16 @@ class Cluster(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def is_kubernetes(self) -> bool:
+        return self.kind == self.Kind.KUBERNETES
+
+    @property
+    def has_kube_secret(self) -> bool:
+        return bool(self.kube_secret_encrypted or self.kube_secret_env)
+
     def clean(self) -> None:
+        self._clean_kubernetes()
         if self.router_kind != self.RouterKind.NGINX:
             return
         errors: dict[str, str] = {}
@@ -127,6 +211,67 @@ class Cluster(models.Model):
         if errors:
             raise ValidationError(errors)
 
+    def _clean_kubernetes(self) -> None:
+        errors: dict[str, str] = {}
+        if not self.is_kubernetes:
+            for name in ("kube_auth", "kube_router", "kube_secret_env", "kube_context"):
+                if getattr(self, name):
+                    errors[name] = "only kubernetes clusters use this"
+            if self.kube_secret_encrypted:
+                errors["kube_secret"] = "only kubernetes clusters use this"
+            if errors:
+                raise ValidationError(errors)
+            return
+        if not self.kube_auth:
+            errors["kube_auth"] = (
+                "a kubernetes cluster needs one of in-cluster, kubeconfig or token"
+            )
+        elif self.kube_auth == self.KubeAuth.TOKEN:
+            if not self.api_url:
+                errors["api_url"] = "token authentication needs the API server URL"
+            if not self.has_kube_secret:
+                errors["kube_secret"] = (
+                    "token authentication needs the bearer token (or kube_secret_env naming "
+                    "the environment variable that holds it)"
+                )
+        elif self.kube_auth == self.KubeAuth.KUBECONFIG:
+            if not self.has_kube_secret:
+                errors["kube_secret"] = (
+                    "kubeconfig authentication needs the kubeconfig (or kube_secret_env naming "
+                    "the environment variable that holds it)"
+                )
+        elif self.has_kube_secret:
+            errors["kube_secret"] = "an in-cluster service account takes no token or kubeconfig"
+        if self.kube_secret_env and not _ENV_NAME.match(self.kube_secret_env):
+            errors["kube_secret_env"] = (
+                "must be an environment variable name (letters, digits, underscores)"
+            )
+        namespace, _, name = self.kube_gateway.rpartition("/")
+        gateway_ok = bool(name) and _DNS_SUBDOMAIN.match(name) and (
+            not namespace or _DNS_LABEL.match(namespace)
+        )
+        if self.kube_router == self.KubeRouter.GATEWAY_API:
+            if not (namespace and gateway_ok):
+                errors["kube_gateway"] = (
+                    "Gateway API routes attach to a Gateway: give it as namespace/name, got "
+                    f"{self.kube_gateway!r}"
+                )
+        elif self.kube_router == self.KubeRouter.ISTIO:
+            if self.kube_gateway and not gateway_ok:
+                errors["kube_gateway"] = (
+                    "an Istio gateway is namespace/name or name (empty: the mesh only), got "
+                    f"{self.kube_gateway!r}"
+                )
+        elif self.kube_gateway:
+            errors["kube_gateway"] = "only a gateway-api or istio router uses a gateway"
+        if self.kube_route_host and not _DNS_SUBDOMAIN.match(self.kube_route_host):
+            errors["kube_route_host"] = (
+                f"must be a DNS host name, got {self.kube_route_host!r}"
+            )
+        if errors:
+            raise ValidationError(errors)
+
+
 class Node(models.Model):
     """A host in a cluster. ``device_class`` is ``cpu`` for CPU-only nodes (the local demo)."""
 
@@ -136,6 +281,19 @@ class Node(models.Model):
     cpu_cores = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveBigIntegerField(default=0)
     labels = models.JSONField(default=dict, blank=True)
+    # Observed from the Kubernetes API (fleet.kube_sync); typed in for other clusters.
+    synced = models.BooleanField(default=False, help_text="Kept in step with a Node object")
+    ready = models.BooleanField(null=True, blank=True, help_text="The Ready condition")
+    ready_detail = models.CharField(max_length=500, blank=True)
+    unschedulable = models.BooleanField(default=False, help_text="Cordoned")
+    taints = models.JSONField(default=list, blank=True)
+    capacity = models.JSONField(default=dict, blank=True)
+    allocatable = models.JSONField(default=dict, blank=True)
+    zone = models.CharField(max_length=100, blank=True)
+    resource_version = models.CharField(max_length=64, blank=True)
+    gone_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the Node object disappeared from the cluster"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = FleetQuerySet.as_manager()
@@ -146,6 +304,10 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}/{self.name}"
+
+    @property
+    def is_gone(self) -> bool:
+        return self.gone_at is not None
 
 class GPU(models.Model):
     """One GPU on a node, or one MIG slice of one (``parent`` set, ``mig_profile`` named).
@@ -186,6 +348,11 @@ class InferenceServer(models.Model):
         TRITON = "triton", "Triton"
         VLLM = "vllm", "vLLM"
 
+    class Source(models.TextChoices):
+        MANUAL = "manual", "Added by hand"
+        DISCOVERED = "discovered", "Discovered in Kubernetes"
+        MANAGED = "managed", "Created by Switchyard"
+
     class Health(models.TextChoices):
         UNKNOWN = "unknown", "Unknown"
         HEALTHY = "healthy", "Healthy"
@@ -204,6 +371,15 @@ class InferenceServer(models.Model):
     )
     log_path = models.CharField(
         max_length=500, blank=True, help_text="Server log file, read to explain load failures"
+    )
+    source = models.CharField(
+        max_length=16, choices=Source.choices, default=Source.MANUAL,
+        help_text="Added by hand, discovered from labelled Kubernetes Services, or created and "
+                  "owned by Switchyard",
+    )
+    kube_namespace = models.CharField(max_length=63, blank=True)
+    kube_name = models.CharField(
+        max_length=253, blank=True, help_text="The Kubernetes Service (and Deployment) name"
     )
     health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
     health_detail = models.TextField(blank=True)
@@ -230,3 +406,36 @@ class InferenceServer(models.Model):
     @property
     def is_healthy(self) -> bool:
         return self.health == self.Health.HEALTHY
+
+
+class ClusterSync(models.Model):
+    """One sync of a Kubernetes cluster's inventory: what it found and what went wrong.
+
+    ``kind`` is ``list`` (a full list of Nodes and labelled Services) or ``watch`` (the events
+    of one watch from the last resourceVersion). The newest rows are kept
+    (``fleet.kube_sync.KEEP_SYNCS`` per cluster).
+    """
+
+    class Kind(models.TextChoices):
+        LIST = "list", "Full list"
+        WATCH = "watch", "Watch"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="syncs")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    ok = models.BooleanField(default=True)
+    added = models.JSONField(default=list, blank=True, help_text="Names of nodes/servers added")
+    changed = models.JSONField(default=list, blank=True)
+    gone = models.JSONField(default=list, blank=True)
+    errors = models.JSONField(default=list, blank=True, help_text="Readable error messages")
+    resource_version = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    objects = FleetQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["cluster", "-started_at"], name="clustersync_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster} {self.kind} sync at {self.started_at:%Y-%m-%d %H:%M:%S}"

@@ -82,6 +82,25 @@ def test_gpu_memory_of_the_node_is_checked_across_tenants(db):
         quota.admit(b, server, ModelVersionFactory(model__tenant=b).pk, 1, 300)
 
 
+def test_a_gpu_partitioned_into_mig_slices_offers_its_slices_not_itself(db):
+    """Of two 80 GB GPUs, one split into two 40 GB slices: the whole-GPU class has one GPU's
+    memory on the node, not two."""
+    node = NodeFactory(name="gpu-node")
+    GPUFactory(node=node, index=0, device_class="nvidia-h100-80gb", memory_mib=80_000)
+    split = GPUFactory(node=node, index=1, device_class="nvidia-h100-80gb", memory_mib=80_000)
+    for n in range(2):
+        GPUFactory(node=node, index=1, parent=split, mig_profile="3g.40gb", memory_mib=40_000,
+                   device_class="nvidia-h100-80gb-mig-3g-40gb", uuid=f"MIG-{n}")
+    server = InferenceServerFactory(cluster=node.cluster, node=node)
+    tenant = TenantFactory()
+    for klass in ("nvidia-h100-80gb", "nvidia-h100-80gb-mig-3g-40gb"):
+        QuotaFactory(tenant=tenant, device_class=klass, units=8, memory_mib=1_000_000)
+
+    with pytest.raises(QuotaExceeded, match="asks 90000 MiB, 80000 MiB free of 80000 MiB"):
+        quota.admit(tenant, server, ModelVersionFactory(model__tenant=tenant).pk, 1, 90_000)
+    quota.admit(tenant, server, ModelVersionFactory(model__tenant=tenant).pk, 1, 80_000)
+
+
 def test_release_gives_the_quota_back_once(cpu_server):
     tenant = TenantFactory()
     limit = QuotaFactory(tenant=tenant, device_class="cpu", units=1, memory_mib=100)
