@@ -7,7 +7,7 @@ Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an err
 real tritonserver (its runtime the cached one, as for the other benches) serving fraud-scorer
 versions 1 and 2 made to answer at once (``sleep_ms`` 0, two instances), and a real nginx
 (Debian package) run by ``fleet.runtime.nginx_local``, whose routes the traffic-router
-adapter (``fleet.adapters.nginx_router.NginxRouter``) writes, each access-log line going to
+adapter (``fleet.adapters.routers.nginx.NginxRouter``) writes, each access-log line going to
 a UDP syslog socket as in production (and to a file, to check which requests nginx saw).
 Django runs in this process on a temporary SQLite database, for the weight changes made
 through the API; the local cluster's nginx is the bench's.
@@ -513,8 +513,8 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
 
     # Django on a temporary SQLite database and data dir: weight changes go through the API.
     data_dir = prepare_environment(tmp)
-    from fleet.adapters.nginx_router import NginxRouter, syslog_target
-    from fleet.adapters.router import RouteSpec, Variant
+    from fleet.adapters.routers.base import RouteSpec, Variant
+    from fleet.adapters.routers.nginx import NginxRouter, syslog_target
     from fleet.runtime.nginx_local import start_nginx
     from fleet.runtime.processes import free_port, free_ports
     from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from fleet.adapters import triton, vllm
 from fleet.adapters.base import ServerProbe
-from fleet.adapters.router import RouterHealth
+from fleet.adapters.routers.base import RouterHealth
 from fleet.models import Cluster, InferenceServer
 from fleet.routers import router_for
 
@@ -136,8 +136,9 @@ def check_all(timeout: float | None = None) -> dict[str, int]:
 def _router_state(health: RouterHealth) -> str:
     if health.ok:
         return Cluster.RouterState.UP
-    # Answered the status call (a count of connections) but some route is not in force.
-    if health.active_connections is not None:
+    # Answered the status call (a count of connections), or serves some of its routes, but
+    # some route is not in force.
+    if health.active_connections is not None or any(health.routes.values()):
         return Cluster.RouterState.DEGRADED
     return Cluster.RouterState.DOWN
 
@@ -167,12 +168,18 @@ def record_router(cluster_id: int, health: RouterHealth) -> Cluster | None:
 def check_routers() -> dict[str, int]:
     """Ask every cluster's traffic router how it is, in parallel; record it on the cluster.
 
-    Returns how many routers ended in each state. A router that cannot be asked (its adapter
-    raised) is recorded down with the reason.
+    Returns how many routers ended in each state. A router that cannot be built (a Kubernetes
+    cluster's unusable settings) or asked (its adapter raised) is recorded down with the
+    reason. Kubernetes clusters are asked through their API (``kube_router`` set).
     """
-    targets = []
-    for cluster in Cluster.objects.exclude(kind=Cluster.Kind.KUBERNETES):
-        router = router_for(cluster)
+    targets: list[tuple[Cluster, Callable[[], RouterHealth]]] = []
+    clusters = Cluster.objects.exclude(kind=Cluster.Kind.KUBERNETES, kube_router="")
+    for cluster in clusters:
+        try:
+            router = router_for(cluster)
+        except ValueError as exc:  # a Kubernetes cluster whose settings are unusable
+            targets.append((cluster, functools.partial(RouterHealth, False, f"unusable: {exc}")))
+            continue
         if router is not None:
             targets.append((cluster, router.health))
 

@@ -7,10 +7,18 @@
   Switchyard tests every change with its own ``nginx -t`` before the swap, so this host needs
   the nginx binary too. Routes listen on every address of the router's host and their URLs
   name ``router_public_host``;
-* anything else (Kubernetes, a static cluster without a router): no router.
+* Kubernetes clusters with ``kube_router`` ``gateway-api``: HTTPRoutes in ``kube_namespace``
+  attached to the Gateway ``kube_gateway`` (namespace/name), a route answering at
+  ``<route>.<kube_route_host>`` (``fleet.adapters.routers.gateway_api``); with ``istio``:
+  VirtualServices there for the same hosts, bound to ``kube_gateway`` when one is named
+  (``fleet.adapters.routers.istio``). Both reach the API with ``kube_connection.access_for``;
+  a cluster whose access or router settings are unusable raises ValueError with the reason;
+* anything else (a Kubernetes cluster without ``kube_router``, a static cluster without a
+  router): no router.
 
-Every router sends each request's JSON sample as a UDP syslog message to the collector at
-``SWITCHYARD_COLLECTOR_HOST:SWITCHYARD_COLLECTOR_PORT``.
+The nginx routers send each request's JSON sample as a UDP syslog message to the collector at
+``SWITCHYARD_COLLECTOR_HOST:SWITCHYARD_COLLECTOR_PORT``; a Kubernetes gateway's access log is
+its own (see the routers' documentation).
 """
 
 from __future__ import annotations
@@ -20,9 +28,13 @@ from pathlib import Path
 
 from django.conf import settings
 
-from fleet.adapters import nginx_paths
-from fleet.adapters.nginx_router import NginxRouter, syslog_target
-from fleet.adapters.router import TrafficRouter
+from fleet import kube_connection
+from fleet.adapters.routers import nginx_paths
+from fleet.adapters.routers.base import TrafficRouter
+from fleet.adapters.routers.gateway_api import GatewayApiRouter
+from fleet.adapters.routers.istio import IstioRouter
+from fleet.adapters.routers.nginx import NginxRouter, syslog_target
+from fleet.errors import DomainError
 from fleet.models import Cluster
 
 
@@ -68,4 +80,29 @@ def router_for(cluster: Cluster) -> TrafficRouter | None:
             check_ports=False,
             access_log=_access_log(),
         )
+    if cluster.kind == Cluster.Kind.KUBERNETES and cluster.kube_router:
+        return _kube_router(cluster)
     return None
+
+
+def _kube_router(cluster: Cluster) -> TrafficRouter:
+    try:
+        access = kube_connection.access_for(cluster)
+    except DomainError as exc:
+        raise ValueError(exc.message) from None
+    if not cluster.kube_route_host:
+        raise ValueError(
+            "kube_route_host is empty: routes answer at <route>.<kube_route_host>, so the "
+            "cluster needs the domain its gateway serves"
+        )
+    if cluster.kube_router == Cluster.KubeRouter.GATEWAY_API:
+        return GatewayApiRouter(
+            access, namespace=cluster.kube_namespace, gateway=cluster.kube_gateway,
+            route_domain=cluster.kube_route_host,
+        )
+    if cluster.kube_router == Cluster.KubeRouter.ISTIO:
+        return IstioRouter(
+            access, namespace=cluster.kube_namespace, route_domain=cluster.kube_route_host,
+            gateway=cluster.kube_gateway,
+        )
+    raise ValueError(f"unknown Kubernetes router {cluster.kube_router!r}")

@@ -1,15 +1,18 @@
-"""The sample collector: nginx's access-log lines over UDP syslog, into Redis in batches.
+"""The sample collector: routers' access-log lines over UDP syslog, into Redis in batches.
 
-nginx sends one UDP datagram per request (``access_log syslog:server=host:port``), so the
-collector is a UDP socket and a loop: lines are gathered into a batch, and the batch goes to
-Redis in one pipeline (:func:`rollouts.samples.record`) once it holds ``batch_size`` lines or
-its first line is ``flush_s`` old (100 ms): a request is in Redis well within a second.
+nginx sends one UDP datagram per request (``access_log syslog:server=host:port``); on
+Kubernetes a log shipper sends each line of an Envoy gateway's JSON access log the same way
+(:mod:`rollouts.envoy_samples`). So the collector is a UDP socket and a loop: lines are
+gathered into a batch, and the batch goes to Redis in one pipeline
+(:func:`rollouts.samples.record`) once it holds ``batch_size`` lines or its first line is
+``flush_s`` old (100 ms): a request is in Redis well within a second.
 
 When Redis cannot be written the batch is dropped and counted, the outage is logged once,
 and the loop goes on reading (the kernel's socket buffer would otherwise fill and drop lines
 unseen); the count of dropped samples is added to Redis once it answers again. Malformed
-lines are counted, never fatal. :meth:`Collector.stop` (the command's SIGTERM and SIGINT
-handler) ends the loop after writing what it holds.
+lines, and a gateway's lines that are no variant's of a route in force, are counted, never
+fatal. :meth:`Collector.stop` (the command's SIGTERM and SIGINT handler) ends the loop after
+writing what it holds.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import socket
 import threading
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import redis
 
 from rollouts import samples
+
+if TYPE_CHECKING:
+    from rollouts.envoy_samples import RouteResolver
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +46,11 @@ class Collector:
     """A UDP syslog listener on ``host:port`` writing samples to Redis.
 
     ``port`` 0 picks a free port (see :attr:`port`). ``keep_s`` and ``max_per_variant``
-    bound what Redis keeps (default: the settings, 15 minutes and 100000 per variant). ``counts`` holds what this process has
-    seen (the :data:`rollouts.samples.COUNTERS` names), whether or not Redis was there.
+    bound what Redis keeps (default: the settings, 15 minutes and 100000 per variant).
+    ``resolver`` maps a gateway's lines to the variants of the routes in force (default the
+    process's :func:`rollouts.envoy_samples.default_resolver`). ``counts`` holds what this
+    process has seen (the :data:`rollouts.samples.COUNTERS` names), whether or not Redis was
+    there.
     """
 
     def __init__(
@@ -53,6 +63,7 @@ class Collector:
         keep_s: int | None = None,
         max_per_variant: int | None = None,
         store: redis.Redis | None = None,
+        resolver: RouteResolver | None = None,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -66,6 +77,7 @@ class Collector:
         self.keep_s = keep_s or samples.keep_s()
         self.max_per_variant = max_per_variant or samples.max_per_variant()
         self.store = store or samples.connect()
+        self.resolver = resolver
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
         self._unreported_drops = 0
@@ -120,7 +132,7 @@ class Collector:
         extra = {"dropped_redis": self._unreported_drops} if self._unreported_drops else None
         try:
             result = samples.record(batch, store=self.store, extra=extra, keep=self.keep_s,
-                                    cap=self.max_per_variant)
+                                    cap=self.max_per_variant, resolver=self.resolver)
         except redis.RedisError as exc:
             self.counts["received"] += len(batch)
             self.counts["dropped_redis"] += len(batch)

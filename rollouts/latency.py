@@ -141,6 +141,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
         "ttft_p50_ms": weighted("ttft_p50_ms"),
         "ttft_p99_ms": worst("ttft_p99_ms"),
         "itl_p50_ms": weighted("itl_p50_ms"),
+        "queue_ms": weighted("queue_ms"),
     }
 
 

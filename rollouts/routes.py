@@ -4,7 +4,7 @@ A deployment's route is what its clients call: one stable URL on the cluster's t
 (``fleet.routers.router_for``), named ``dep-<deployment id>``, in front of one variant per
 version ready on one of its servers, named ``v<version>-<server>``. :func:`set_route` is the
 one use case behind the API and the console: it checks the caller's role and the request,
-builds the router's :class:`~fleet.adapters.router.RouteSpec`, puts it in force and records
+builds the router's :class:`~fleet.adapters.routers.base.RouteSpec`, puts it in force and records
 the change (a :class:`~rollouts.models.RouteRevision` and an audit entry) with the router's
 answer. A change the router refuses (nginx failing ``nginx -t`` or its reload) leaves the
 route in force as it was: the revision is recorded as failed with the router's message and
@@ -60,7 +60,7 @@ from django.utils import timezone
 
 from fleet import audit
 from fleet.adapters.base import AdapterError
-from fleet.adapters.router import (
+from fleet.adapters.routers.base import (
     KSERVE_V2,
     OPENAI,
     WEIGHTED,
@@ -137,13 +137,16 @@ def router_of(deployment: Deployment) -> TrafficRouter:
     if router is None:
         raise Conflict(
             f"cluster {cluster.name} has no traffic router (local clusters route through the "
-            "local nginx; a static cluster names its nginx router)",
+            "local nginx; a static cluster names its nginx router; a Kubernetes cluster names "
+            "gateway-api or istio)",
             field=ROUTE,
         )
     return router
 
 
 def has_router(cluster: Cluster) -> bool:
+    if cluster.kind == Cluster.Kind.KUBERNETES:
+        return bool(cluster.kube_router)
     return cluster.kind == Cluster.Kind.LOCAL or (
         cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX
     )
@@ -281,16 +284,21 @@ def _build(
     try:
         validate_route(spec)
     except RouteSpecError as exc:
-        field = exc.field or ROUTE
-        if field in ("policy", "sticky_header", "weights"):
-            raise DomainError(exc.message, field=field) from None
-        if field.startswith("mirror"):
-            raise DomainError(exc.message, field="mirror") from None
-        # A variant the deployment's own servers make unroutable (their URL): not the caller's
-        # input, the route as a whole cannot be made.
-        raise Conflict(f"cannot route to the deployment's servers: {field} {exc.message}",
-                       field=ROUTE) from None
+        raise _spec_refusal(exc) from None
     return spec, meaning
+
+
+def _spec_refusal(exc: RouteSpecError) -> DomainError:
+    """A route spec refused, as the caller's fault (the field they gave) or the route's."""
+    field = exc.field or ROUTE
+    if field in ("policy", "sticky_header", "weights"):
+        return DomainError(exc.message, field=field)
+    if field.startswith("mirror"):
+        return DomainError(exc.message, field="mirror")
+    # A variant the deployment's own servers make unroutable (their URL, or a router that
+    # cannot tell them apart): not the caller's input, the route as a whole cannot be made.
+    return Conflict(f"cannot route to the deployment's servers: {field} {exc.message}",
+                    field=ROUTE)
 
 
 def _mirror(
@@ -448,6 +456,10 @@ def _apply(
     before = in_force(route)
     try:
         result = router.apply(spec)
+    except RouteSpecError as exc:
+        # What this router cannot express (a Gateway API route has no sticky policy, say):
+        # refused before anything was sent.
+        raise _spec_refusal(exc) from None
     except (AdapterError, OSError) as exc:
         message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
         _record_failure(actor, route, spec, meaning, asked, reason, message, before)
@@ -634,7 +646,8 @@ def ensure_routes() -> int:
             archived_at__isnull=True, route__isnull=True, loads__state=ModelLoad.State.READY
         )
         .filter(Q(cluster__kind=Cluster.Kind.LOCAL)
-                | Q(cluster__kind=Cluster.Kind.STATIC, cluster__router_kind=Cluster.RouterKind.NGINX))
+                | Q(cluster__kind=Cluster.Kind.STATIC, cluster__router_kind=Cluster.RouterKind.NGINX)
+                | (Q(cluster__kind=Cluster.Kind.KUBERNETES) & ~Q(cluster__kube_router="")))
         .select_related("tenant", "model", "cluster")
         .distinct()
     )

@@ -24,32 +24,42 @@ variant, mirrored copies apart); :func:`buckets` gives the same figures per time
 live-latency charts (``rollouts.latency.series``).
 
 A route's name is ``dep-<deployment id>`` and a variant's name is the route's variant name
-(``v<version>-<server>``): samples carry both, so no database lookup is needed to store them.
+(``v<version>-<server>``): nginx's samples carry both, so no database lookup is needed to store
+them. An Envoy gateway's lines (routes on Kubernetes) carry the gateway's own names instead:
+:mod:`rollouts.envoy_samples` maps them to the route's variants through the route in force
+(cached, not read per line), and a line it cannot map is counted ``unmapped`` and dropped.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from django.conf import settings
 
+if TYPE_CHECKING:
+    from rollouts.envoy_samples import RouteResolver
+
+log = logging.getLogger(__name__)
+
 KEEP_S = 15 * 60
 MAX_PER_VARIANT = 100_000
 ROUTE_NAME = re.compile(r"^dep-([1-9][0-9]{0,17})$")
-VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as fleet.adapters.router
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as fleet.adapters.routers.base
 MAX_PATH = 512
 MAX_FUTURE_S = 60.0  # a sample dated further ahead comes from a clock that is wrong
 PERCENTILES = (("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99))
 COUNTERS = (
-    "received", "stored", "malformed", "unrouted", "foreign_route", "stale", "dropped_redis",
+    "received", "stored", "malformed", "unrouted", "foreign_route", "unmapped", "stale",
+    "dropped_redis",
 )
 
 
@@ -92,6 +102,11 @@ def stats_key() -> str:
 
 class SampleError(ValueError):
     """A line that is not a valid sample; the message says what is wrong with it."""
+
+
+class Unmapped(SampleError):
+    """A gateway's line whose route is not in force on a Kubernetes gateway, or whose backend
+    is none of the route's variants (counted ``unmapped``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,25 +191,33 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) ->
     return value
 
 
-def parse_line(line: bytes | str) -> Sample | Unrouted:
-    """One syslog message (or bare JSON line) of a route's access log as a sample.
+def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> Sample | Unrouted:
+    """One syslog message (RFC 3164 or 5424, or a bare JSON line) of a route's access log as a
+    sample: nginx's format, or an Envoy gateway's (:mod:`rollouts.envoy_samples`, mapped to
+    variants by ``resolver``, default the process's
+    :func:`~rollouts.envoy_samples.default_resolver`).
 
     Raises SampleError naming what is wrong: not syslog or JSON, a field missing or of the
-    wrong type, a route that is not ``dep-<id>`` (``foreign route``), a bad variant name.
+    wrong type, a route that is not ``dep-<id>`` (``foreign route``), a bad variant name;
+    Unmapped for a gateway's line that is no variant's of a route in force.
     """
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     text = text.strip()
     if text.startswith("<"):
-        start = text.find(": {")
+        start = text.find("{")
         if not re.match(r"^<\d{1,3}>", text) or start < 0:
             raise SampleError("not a syslog message carrying a JSON object")
-        text = text[start + 2 :]
+        text = text[start:]
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise SampleError(f"not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise SampleError("not a JSON object")
+    if "route" not in data and "response_code" in data:  # an Envoy gateway's line
+        from rollouts import envoy_samples  # imported here: it reads the routes in force
+
+        return (resolver or envoy_samples.default_resolver()).sample(data)
     route = _field(data, "route", str)
     match = ROUTE_NAME.match(route)
     if match is None:
@@ -214,6 +237,8 @@ def parse_line(line: bytes | str) -> Sample | Unrouted:
     request_id = _field(data, "request_id", str)
     if not 100 <= status <= 599:
         raise SampleError(f"status must be an HTTP status, got {status}")
+    if not (math.isfinite(msec) and math.isfinite(request_time)):
+        raise SampleError("msec and request_time must be finite numbers")
     if msec <= 0 or request_time < 0 or size < 0:
         raise SampleError("msec, request_time and bytes_sent must be positive")
     if not variant:
@@ -259,10 +284,12 @@ def record(
     extra: Mapping[str, int] | None = None,
     keep: int | None = None,
     cap: int | None = None,
+    resolver: RouteResolver | None = None,
 ) -> RecordResult:
     """Parse ``lines`` and store their samples in one Redis pipeline; trim what they touch
     to the last ``keep`` seconds and ``cap`` samples per variant (default :func:`keep_s`,
-    :func:`max_per_variant`).
+    :func:`max_per_variant`). ``resolver`` maps a gateway's lines to variants
+    (:class:`rollouts.envoy_samples.RouteResolver`; default the process's).
 
     ``extra`` counters (samples dropped while Redis was away) are added to the collector's
     hash in the same round trip. Raises ``redis.RedisError`` when Redis cannot be written
@@ -274,14 +301,25 @@ def record(
     oldest = now - keep
     result = RecordResult()
     grouped: dict[tuple[int, str, bool], dict[str, float]] = defaultdict(dict)
+    failed = False
     for line in lines:
         result.counts["received"] += 1
         try:
-            sample = parse_line(line)
+            sample = parse_line(line, resolver=resolver)
         except SampleError as exc:
-            kind = "foreign_route" if str(exc).startswith("foreign route") else "malformed"
+            if isinstance(exc, Unmapped):
+                kind = "unmapped"
+            else:
+                kind = "foreign_route" if str(exc).startswith("foreign route") else "malformed"
             result.counts[kind] += 1
             result.problem = result.problem or str(exc)
+            continue
+        except Exception as exc:  # a line must never stop the collector: count it, say why
+            if not failed:
+                log.exception("a line could not be read")
+            failed = True
+            result.counts["malformed"] += 1
+            result.problem = result.problem or f"could not be read: {exc!r}"[:300]
             continue
         if isinstance(sample, Unrouted):
             result.counts["unrouted"] += 1

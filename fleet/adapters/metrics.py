@@ -224,6 +224,7 @@ class Window:
     ttft_p99_ms: float | None = None
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
+    queue_ms: float | None = None
     tokens_per_s: float | None = None
     running: float | None = None
     waiting: float | None = None
@@ -623,6 +624,8 @@ def window(prev: Counters | None, cur: Counters, seconds: float) -> Window:
     measured = timed if timed > 0 else success  # requests whose durations were summed
     request_us = delta("request_us")
     avg_ms = request_us / measured / 1000.0 if measured > 0 else None
+    # The mean time the window's requests waited in the server's queue (same denominator).
+    queue_ms = delta("queue_us") / measured / 1000.0 if measured > 0 else None
 
     hist_delta: dict[str, Histogram] = {
         name: hist.minus(None if base is None else base.histograms.get(name))
@@ -665,6 +668,7 @@ def window(prev: Counters | None, cur: Counters, seconds: float) -> Window:
         ttft_p99_ms=hist_q("ttft", 0.99),
         itl_p50_ms=hist_q("itl", 0.5),
         itl_p99_ms=hist_q("itl", 0.99),
+        queue_ms=queue_ms,
         tokens_per_s=tokens_per_s,
         running=cur.gauges.get("running"),
         waiting=cur.gauges.get("waiting", cur.gauges.get("pending")),

@@ -8,7 +8,7 @@ master process), in its own session, as :func:`start_nginx`; :meth:`NginxProcess
 * the pid file, the error log, the temp directories, all under the prefix;
 * a status server on the process's own port, with ``stub_status`` at :data:`STATUS_PATH`;
 * ``include <conf_dir>/*.conf;`` inside ``http``: the routes that the traffic-router adapter
-  (``fleet.adapters.nginx_router``) writes there; none at first.
+  (``fleet.adapters.routers.nginx``) writes there; none at first.
 
 Started again after a crash, nginx serves the routes last put in force, since the adapter
 only leaves configuration on disk that nginx accepted. When run as root, nginx's workers run
@@ -87,7 +87,7 @@ class NginxProcess:
         return _tail_lines(self.error_log, lines)
 
     def router_options(self) -> dict[str, object]:
-        """Keyword arguments of ``fleet.adapters.nginx_router.NginxRouter`` for this nginx."""
+        """Keyword arguments of ``fleet.adapters.routers.nginx.NginxRouter`` for this nginx."""
         return {
             "conf_dir": self.conf_dir,
             "nginx": self.nginx,

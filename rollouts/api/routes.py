@@ -21,7 +21,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet.adapters.router import POLICIES, WEIGHTED
+from fleet.adapters.routers.base import POLICIES, WEIGHTED
 from fleet.api.base import TenantScopedViewSetMixin
 from fleet.api.refs import IdOrNameField
 from fleet.api.serializers import StrictFieldsMixin

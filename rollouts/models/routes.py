@@ -17,7 +17,7 @@ class Route(models.Model):
     """The route of one deployment: the client URL in front of its variants, and the split.
 
     A variant is a version on a server (``v<version>-<server>``). ``spec`` is the route in
-    force on the cluster's traffic router (``fleet.adapters.router.RouteSpec`` as JSON, empty
+    force on the cluster's traffic router (``fleet.adapters.routers.base.RouteSpec`` as JSON, empty
     before the first change was put in force), ``variants`` maps each variant name to the
     version and server it stands for, so per-request samples map back to them. ``policy``,
     ``sticky_header`` and the mirror repeat the spec's for queries and display.

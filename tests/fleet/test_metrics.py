@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +41,7 @@ from fleet.adapters.metrics import (
 )
 from fleet.runtime.triton_local import TritonProcess
 from fleet.runtime.vllm_local import VLLMProcess
+from tests.fixtures.http_server import QuietHTTPServer
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below): not imported here first
     from tests.fixtures.prometheus import PrometheusProcess
@@ -365,7 +366,7 @@ Route = tuple[int, str, bytes, float]  # status, content type, body, delay
 @pytest.fixture
 def fake_http() -> Iterator[Callable[[dict[str, Route]], str]]:
     """Serve canned answers by path on 127.0.0.1; returns the base URL."""
-    servers: list[ThreadingHTTPServer] = []
+    servers: list[QuietHTTPServer] = []
 
     def serve(routes: dict[str, Route]) -> str:
         class Handler(BaseHTTPRequestHandler):
@@ -383,8 +384,7 @@ def fake_http() -> Iterator[Callable[[dict[str, Route]], str]]:
             def log_message(self, *args: object) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
+        server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"

@@ -30,8 +30,7 @@ import psutil
 import pytest
 
 from fleet.adapters.base import AdapterError
-from fleet.adapters.nginx_router import NginxRouter, syslog_target
-from fleet.adapters.router import (
+from fleet.adapters.routers.base import (
     Mirror,
     RouteSpec,
     RouteSpecError,
@@ -39,9 +38,11 @@ from fleet.adapters.router import (
     Variant,
     validate_route,
 )
+from fleet.adapters.routers.nginx import NginxRouter, syslog_target
 from fleet.runtime.nginx_local import NginxProcess, start_nginx, stop_pid
 from fleet.runtime.processes import free_ports
 from fleet.runtime.triton_local import TritonProcess
+from tests.fixtures.http_server import QuietHTTPServer
 
 pytestmark = pytest.mark.triton
 
@@ -674,7 +675,7 @@ class EchoHandler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def echo_servers() -> Iterator[list[str]]:
     """Two plain HTTP servers standing in for vLLM servers (the router is under test)."""
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoHandler) for _ in range(2)]
+    servers = [QuietHTTPServer(("127.0.0.1", 0), EchoHandler) for _ in range(2)]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for thread in threads:
         thread.start()

@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 
 from fleet import health
-from fleet.adapters.nginx_router import NginxRouter
-from fleet.adapters.router import KSERVE_V2, RouteSpec, Variant
+from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
+from fleet.adapters.routers.nginx import NginxRouter
 from fleet.models import Cluster
 from fleet.runtime.nginx_local import NginxProcess, start_nginx
 from fleet.runtime.processes import free_ports

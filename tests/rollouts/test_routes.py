@@ -22,8 +22,8 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from fleet.adapters.nginx_conf import IDENTITY_PATH
-from fleet.adapters.nginx_router import NginxRouter
+from fleet.adapters.routers.nginx import NginxRouter
+from fleet.adapters.routers.nginx_conf import IDENTITY_PATH
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership
 from fleet.routers import local_router_options, router_for
 from rollouts import loads, routes, samples

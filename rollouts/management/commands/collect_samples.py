@@ -15,8 +15,9 @@ from rollouts.collector import BATCH_SIZE, FLUSH_S, Collector
 
 class Command(BaseCommand):
     help = (
-        "Listen for nginx's JSON access-log lines (UDP syslog) and store them as per-request "
-        "samples in Redis, batched every 100 ms, until SIGTERM or Ctrl-C."
+        "Listen for routers' JSON access-log lines (UDP syslog: nginx's, or an Envoy "
+        "gateway's sent by a log shipper) and store them as per-request samples in Redis, "
+        "batched every 100 ms, until SIGTERM or Ctrl-C."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -1,4 +1,4 @@
-"""Rendering of nginx configuration for Switchyard routes (used by ``fleet.adapters.nginx_router``).
+"""Rendering of nginx configuration for Switchyard routes (used by ``fleet.adapters.routers.nginx``).
 
 Everything here is a pure function of its arguments: a route spec in, the text of the route's
 file out. The file is included at nginx's ``http`` level and holds all the route needs:
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleet.adapters.router import KSERVE_V2, LEAST_PENDING, STICKY, RouteSpec, Variant
+from fleet.adapters.routers.base import KSERVE_V2, LEAST_PENDING, STICKY, RouteSpec, Variant
 
 HEADER_PREFIX = "# switchyard-route: "
 IDENTITY_PATH = "/_switchyard/route"

@@ -3,7 +3,7 @@
 Layout of the configuration directory ``conf_dir`` this adapter owns::
 
     conf_dir/switchyard.conf      shared maps + ``include conf_dir/routes/*.conf``
-    conf_dir/routes/<name>.conf   one file per route (see fleet.adapters.nginx_conf)
+    conf_dir/routes/<name>.conf   one file per route (see fleet.adapters.routers.nginx_conf)
     conf_dir/run/*.sock           the least-pending hops' unix sockets (socket_dir)
 
 The nginx that serves the routes includes ``conf_dir/switchyard.conf`` inside its ``http``
@@ -56,19 +56,19 @@ import httpx
 from filelock import FileLock
 
 from fleet.adapters.base import AdapterError
-from fleet.adapters.nginx_conf import (
-    IDENTITY_PATH,
-    base_conf,
-    parse_header,
-    render_route,
-    socket_path,
-)
-from fleet.adapters.router import (
+from fleet.adapters.routers.base import (
     ApplyResult,
     RouterHealth,
     RouteSpec,
     RouteSpecError,
     validate_route,
+)
+from fleet.adapters.routers.nginx_conf import (
+    IDENTITY_PATH,
+    base_conf,
+    parse_header,
+    render_route,
+    socket_path,
 )
 
 BASE_CONF_NAME = "switchyard.conf"

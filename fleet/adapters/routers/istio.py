@@ -1,0 +1,539 @@
+"""The Istio traffic router: a route is a VirtualService whose route weights split it.
+
+One route ``<name>`` is one VirtualService ``<name>`` in the cluster's namespace for the host
+``<name>.<route domain>`` (set when the route is made: its URL stays, even when the cluster's
+domain changes), bound to the cluster's Istio Gateway when one is named (else to the
+mesh's sidecars), with one HTTP route ``primary`` holding one weighted destination per
+variant (a Service's fully qualified host and port)::
+
+    spec:
+      hosts: [fraud-scorer.example]
+      gateways: [inference-gw]
+      http:
+      - name: primary
+        route:
+        - {destination: {host: triton-fraud.serving.svc.cluster.local, subset: v1,
+                         port: {number: 8000}}, weight: 90}
+        - {destination: {host: triton-fraud.serving.svc.cluster.local, subset: v2,
+                         port: {number: 8000}}, weight: 10}
+
+What Istio expresses, and so what this router supports:
+
+* weighted splits between Services, and between variants that share one Service: those get
+  a subset each in a DestinationRule ``<name>`` for that Service (subset ``<variant>``
+  selecting the pods labelled ``switchyard.io/revision: <variant>``, so the pods of each
+  variant must carry that label; variant names must then be DNS labels). The rule's traffic
+  policy is ``LEAST_REQUEST`` (Envoy picks the least busy pod inside a variant; Istio's own
+  default since 1.14, written down so the route does not depend on it). Subsets of one
+  Service per route: two Services that both need subsets are refused (``variants``);
+* ``kserve-v2`` routes whose variants serve one model: the path passes through unchanged
+  (Istio rewrites per HTTP route, not per destination), so each variant's pods must serve its
+  version of the model; variants of different models are refused;
+* mirroring ``percent`` % of the requests to a variant (``mirror`` + ``mirrorPercentage``);
+* not the ``sticky`` or ``least-pending`` policies (``policy``): Istio picks the weighted
+  destination at random for every request; a consistent hash in a DestinationRule only
+  chooses a pod inside the destination, so it cannot keep a key on its variant.
+
+Writes, and why: the recorded exchanges with a real API server hold, for VirtualServices and
+DestinationRules, creates (POST), JSON patches of weights and JSON merge patches of the
+``http`` list, and the adapter sends only requests of those shapes. :meth:`IstioRouter.apply`
+reads the VirtualService; a missing one is created (POST, and when the route needs subsets
+the DestinationRule first, so no destination ever names a subset that does not exist); an
+existing one that differs gets one merge patch of the fields that differ (``hosts``,
+``gateways``, the whole ``http`` list: never a weight by its position, so a concurrent reorder
+cannot put weights on the wrong destinations). A merge patch is one atomic write, so a failed
+apply leaves the VirtualService in force as it was; a DestinationRule created for a
+VirtualService that was then refused is deleted again. Subsets are only ever added before the
+VirtualService changes and pruned after it, so the route in force always finds its subsets.
+A VirtualService write carries no resourceVersion (no recorded exchange shows one accepted on
+these CRDs): concurrent changes of one route by Switchyard are serialized by the route claim
+(``rollouts.routes``), and a hand edit of the ``http`` list is overwritten by the next apply,
+not merged. An AlreadyExists on create (made meanwhile) is re-read and retried, up to
+``max_attempts`` times.
+
+API version: ``api_version`` (default ``v1``, served by Istio 1.22 and later; ``v1beta1`` for
+older Istio). A cluster without Istio's CRDs answers a KubeError with ``missing_api``.
+
+Reading back: :meth:`IstioRouter.read` returns the split the API server holds. A
+VirtualService holds hosts, subsets, ports and weights, not Switchyard's protocol, model or
+version: variants are named after their subset, else their Service (``-<port>`` when one
+repeats), the upstream is ``http://<host>:<port>`` as written, the protocol ``openai`` (the
+pass-through protocol) and weights are percentages of their sum.
+
+Per-request samples: the ingress gateway's JSON access log, shipped as UDP syslog to
+Switchyard's collector, is mapped to the route's variants by ``rollouts.envoy_samples`` (by
+subset, else Service); without it latency comes from the servers' own metrics (see
+docs/kubernetes.md). Plain Python: no Django, no settings.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.adapters.base import AdapterError
+from fleet.adapters.kubernetes import KubeAccess, KubeError
+from fleet.adapters.routers.base import (
+    OPENAI,
+    ApplyResult,
+    Mirror,
+    RouterHealth,
+    RouteSpec,
+    RouteSpecError,
+    Variant,
+    validate_route,
+)
+from fleet.adapters.routers.kube_common import (
+    MAX_ATTEMPTS,
+    REVISION_LABEL,
+    CustomObjects,
+    ServiceRef,
+    check_expressible,
+    condition,
+    is_api_version,
+    is_dns_label,
+    is_domain,
+    percentages,
+    route_host,
+    service_of,
+    session,
+    variant_names,
+)
+
+GROUP = "networking.istio.io"
+VIRTUAL_SERVICES = "virtualservices"
+DESTINATION_RULES = "destinationrules"
+HTTP_ROUTE = "primary"
+LOAD_BALANCER = {"simple": "LEAST_REQUEST"}
+MISSING = "install Istio (1.22 or later for networking.istio.io/v1) or set the router's version"
+API = "an Istio VirtualService"
+OWN_HTTP_KEYS = {"name", "route", "mirror", "mirrorPercentage"}
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A weighted destination: a Service port, and its subset when the Service is shared."""
+
+    service: ServiceRef
+    subset: str
+    weight: int
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"host": self.service.host}
+        if self.subset:
+            out["subset"] = self.subset
+        out["port"] = {"number": self.service.port}
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a route becomes: destinations, the subsets' Service (None: no subsets) and the
+    mirror (destination and percent)."""
+
+    destinations: list[Destination]
+    subset_service: ServiceRef | None
+    mirror: Destination | None
+    mirror_percent: int
+
+
+class IstioRouter:
+    """Routes as VirtualServices in ``namespace`` for ``<route>.<route_domain>``, bound to
+    ``gateway`` ("namespace/name" or "name" in ``namespace``; "" for the mesh only)."""
+
+    def __init__(
+        self,
+        access: KubeAccess,
+        *,
+        namespace: str,
+        route_domain: str,
+        gateway: str = "",
+        api_version: str = "v1",
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        if not is_dns_label(namespace):
+            raise ValueError(f"the routes' namespace must be a DNS label, got {namespace!r}")
+        if not route_domain or not is_domain(route_domain):
+            raise ValueError(
+                "Istio routes need the domain they are served under (routes answer at "
+                f"<route>.<domain>), got {route_domain!r}"
+            )
+        gateway_namespace, _, gateway_name = gateway.rpartition("/")
+        if gateway and not (is_domain(gateway_name)
+                            and (not gateway_namespace or is_dns_label(gateway_namespace))):
+            raise ValueError(f"the Istio Gateway must be namespace/name or name, got {gateway!r}")
+        if not is_api_version(api_version):
+            raise ValueError(f"not an API version: {api_version!r}")
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.access = access
+        self.namespace = namespace
+        self.route_domain = route_domain
+        self.gateway = (gateway_name if gateway_namespace in ("", namespace) else gateway)
+        self.api_version = api_version
+        self.max_attempts = max_attempts
+
+    # ----------------------------------------------------------------------------------------
+    # The interface
+    # ----------------------------------------------------------------------------------------
+
+    def apply(self, route: RouteSpec) -> ApplyResult:
+        """Put ``route`` in force (see the module docstring); no write when it already is."""
+        plan = self.plan(route)
+        wanted = self.virtual_service(route.name, plan)
+        rule = self.destination_rule(route.name, plan)
+        with self._session() as api:
+            for _attempt in range(self.max_attempts):
+                current = api.get(self.api_version, VIRTUAL_SERVICES, self.namespace, route.name)
+                created_rule, prune = self._ensure_rule(api, route.name, rule, current is None)
+                patch = self.patch_for(current, wanted) if current is not None else None
+                if current is not None and patch is None:
+                    notes = self._tidy(api, route.name, rule, prune, current)
+                    return ApplyResult(False, False, self._describe(current, "already in force",
+                                                                    notes), self._url_of(current))
+                try:
+                    if current is None:
+                        written = api.create(self.api_version, VIRTUAL_SERVICES, self.namespace,
+                                             wanted)
+                    else:
+                        written = api.merge_patch(self.api_version, VIRTUAL_SERVICES,
+                                                  self.namespace, route.name, patch or {})
+                except KubeError as exc:
+                    if created_rule:
+                        self._undo_rule(api, route.name, exc)
+                    if exc.kind == "conflict" and current is None:
+                        continue  # another writer created it meanwhile: read it again
+                    raise
+                notes = self._tidy(api, route.name, rule, prune, current)
+                verb = "created" if current is None else "updated"
+                return ApplyResult(True, True, self._describe(written, verb, notes),
+                                   self._url_of(written))
+        raise KubeError(
+            f"VirtualService {self.namespace}/{route.name} was created by another writer on each "
+            f"of {self.max_attempts} attempts; nothing of this change was written: try again",
+            kind="conflict", status=409, reason="AlreadyExists",
+        )
+
+    def remove(self, name: str) -> bool:
+        """Delete the VirtualService ``name``, then its DestinationRule when it used subsets;
+        False when there is no VirtualService."""
+        with self._session() as api:
+            current = api.get(self.api_version, VIRTUAL_SERVICES, self.namespace, name)
+            if current is None:
+                return False
+            existed = api.delete(self.api_version, VIRTUAL_SERVICES, self.namespace, name)
+            if _uses_subsets(current):
+                api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
+            return existed
+
+    def read(self, name: str) -> RouteSpec | None:
+        """The split in force as the API server holds it (see the module docstring), or None.
+        AdapterError when the VirtualService is not in the shape Switchyard writes."""
+        with self._session() as api:
+            current = api.get(self.api_version, VIRTUAL_SERVICES, self.namespace, name)
+        return None if current is None else self.spec_of(current)
+
+    def url(self, name: str) -> str | None:
+        """``http://<host>`` of the route ``name``, or None when there is none."""
+        with self._session() as api:
+            current = api.get(self.api_version, VIRTUAL_SERVICES, self.namespace, name)
+        return None if current is None else self._url_of(current)
+
+    def health(self) -> RouterHealth:
+        """List the namespace's VirtualServices; Switchyard's (one HTTP route, named
+        ``primary``) are in force unless Istio's status reports them not reconciled or invalid
+        (Istio writes that status only with istiod's status reporting on). Never raises."""
+        try:
+            with self._session() as api:
+                items = api.list(self.api_version, VIRTUAL_SERVICES, self.namespace)
+        except AdapterError as exc:
+            return RouterHealth(ok=False, message=exc.message)
+        routes: dict[str, bool] = {}
+        problems = []
+        for item in items:
+            name = str((item.get("metadata") or {}).get("name", ""))
+            http = (item.get("spec") or {}).get("http") or []
+            if [(h or {}).get("name") for h in http] != [HTTP_ROUTE]:
+                continue  # not the shape Switchyard writes: someone else's
+            problem = route_problem(item)
+            routes[name] = not problem
+            if problem:
+                problems.append(f"route {name}: {problem}")
+        if problems:
+            return RouterHealth(ok=False, message="; ".join(problems), routes=routes)
+        return RouterHealth(
+            ok=True,
+            message=f"{len(routes)} route(s) written ({GROUP}/{self.api_version}); Istio "
+                    "reports no problem",
+            routes=routes,
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # From a spec to the objects, and back
+    # ----------------------------------------------------------------------------------------
+
+    def plan(self, route: RouteSpec) -> Plan:
+        """The destinations of ``route``; RouteSpecError naming the field for what Istio
+        cannot express."""
+        validate_route(route)
+        check_expressible(route, API)
+        services = [service_of(v.upstream, self.namespace, f"variants.{i}.upstream")
+                    for i, v in enumerate(route.variants)]
+        shared = {
+            (s.host, s.port) for i, s in enumerate(services)
+            if any((o.host, o.port) == (s.host, s.port) for o in services[:i])
+        }
+        hosts = sorted({host for host, _port in shared})
+        if len(hosts) > 1:
+            raise RouteSpecError(
+                f"variants share more than one Service ({', '.join(hosts)}): a route tells "
+                "variants on one Service apart by subsets of one DestinationRule; give the "
+                "others Services of their own",
+                field="variants",
+            )
+        subset_service = next((s for s in services if s.host in hosts), None)
+        destinations = []
+        for index, (variant, service) in enumerate(zip(route.variants, services, strict=True)):
+            subset = ""
+            if subset_service is not None and service.host == subset_service.host:
+                if not is_dns_label(variant.name):
+                    raise RouteSpecError(
+                        f"variants on one Service become Istio subsets, whose names are DNS "
+                        f"labels (lowercase letters, digits, '-'), got {variant.name!r}",
+                        field=f"variants.{index}.name",
+                    )
+                subset = variant.name
+            destinations.append(Destination(service, subset, variant.weight))
+        mirror = None
+        percent = 0
+        if route.mirror is not None and route.mirror.percent > 0:
+            mirror = destinations[[v.name for v in route.variants].index(route.mirror.variant)]
+            percent = route.mirror.percent
+        return Plan(destinations, subset_service, mirror, percent)
+
+    def http_route(self, plan: Plan) -> dict[str, Any]:
+        http: dict[str, Any] = {
+            "name": HTTP_ROUTE,
+            "route": [{"destination": d.as_json(), "weight": d.weight} for d in plan.destinations],
+        }
+        if plan.mirror is not None:
+            http["mirror"] = plan.mirror.as_json()
+            http["mirrorPercentage"] = {"value": float(plan.mirror_percent)}
+        return http
+
+    def virtual_service(self, name: str, plan: Plan) -> dict[str, Any]:
+        """The VirtualService of the route ``name``."""
+        spec: dict[str, Any] = {"hosts": [route_host(name, self.route_domain)]}
+        if self.gateway:
+            spec["gateways"] = [self.gateway]
+        spec["http"] = [self.http_route(plan)]
+        return {
+            "apiVersion": f"{GROUP}/{self.api_version}",
+            "kind": "VirtualService",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": spec,
+        }
+
+    def destination_rule(self, name: str, plan: Plan) -> dict[str, Any] | None:
+        """The DestinationRule of the route's subsets, or None when it needs none."""
+        if plan.subset_service is None:
+            return None
+        subsets = [d.subset for d in plan.destinations if d.subset]
+        return {
+            "apiVersion": f"{GROUP}/{self.api_version}",
+            "kind": "DestinationRule",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "host": plan.subset_service.host,
+                "trafficPolicy": {"loadBalancer": dict(LOAD_BALANCER)},
+                "subsets": [{"name": s, "labels": {REVISION_LABEL: s}} for s in subsets],
+            },
+        }
+
+    @staticmethod
+    def patch_for(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any] | None:
+        """The merge patch that makes ``current``'s fields Switchyard owns ``wanted``'s (None
+        when they already are); ``http`` is replaced whole, as merge patches replace lists;
+        ``hosts`` are kept."""
+        have = current.get("spec") or {}
+        want = wanted["spec"]
+        spec: dict[str, Any] = {}
+        # A route's URL stays what it was made with (clients hold it): hosts are only set
+        # where there are none, so a change of the cluster's route domain applies to new routes.
+        if not have.get("hosts"):
+            spec["hosts"] = want["hosts"]
+        for key in ("gateways", "http"):
+            if (have.get(key) or None) != (want.get(key) or None):
+                spec[key] = want.get(key)
+        return {"spec": spec} if spec else None
+
+    def spec_of(self, obj: dict[str, Any]) -> RouteSpec:
+        """The split a VirtualService holds, as a RouteSpec (see the module docstring)."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        where = f"VirtualService {self.namespace}/{name}"
+        spec = obj.get("spec") or {}
+        http = spec.get("http") or []
+        if len(http) != 1 or (spec.get("tcp") or spec.get("tls")):
+            raise _foreign(where, f"{len(http)} HTTP routes, not one")
+        extra = sorted(set(http[0]) - OWN_HTTP_KEYS)
+        if extra:
+            raise _foreign(where, f"its HTTP route has {', '.join(extra)}")
+        routes = http[0].get("route") or []
+        if not routes or not all(isinstance((r or {}).get("destination"), dict) for r in routes):
+            raise _foreign(where, "its HTTP route has no destinations")
+        keys = [_destination_key(r["destination"]) for r in routes]
+        bases = [subset or _service_base(host, self.namespace) for host, subset, _port in keys]
+        names = variant_names(bases, [port for _host, _subset, port in keys])
+        raw = [int(r.get("weight") or 0) for r in routes]
+        if len(raw) == 1 and "weight" not in routes[0]:
+            raw = [100]
+        weights = percentages(raw)
+        variants = tuple(
+            Variant(name=n, upstream=f"http://{host}" + (f":{port}" if port else ""), weight=w)
+            for n, (host, _subset, port), w in zip(names, keys, weights, strict=True)
+        )
+        mirror = None
+        target = http[0].get("mirror")
+        if isinstance(target, dict):
+            key = _destination_key(target)
+            if key not in keys:
+                raise _foreign(where, "it mirrors to a destination it does not route to")
+            value = (http[0].get("mirrorPercentage") or {}).get("value", 100)
+            mirror = Mirror(variant=names[keys.index(key)], percent=round(float(value)))
+        return RouteSpec(name=name, protocol=OPENAI, variants=variants, mirror=mirror)
+
+    # ----------------------------------------------------------------------------------------
+    # The DestinationRule
+    # ----------------------------------------------------------------------------------------
+
+    def _ensure_rule(self, api: CustomObjects, name: str, rule: dict[str, Any] | None,
+                     route_is_new: bool) -> tuple[bool, bool]:
+        """Make the DestinationRule hold every subset the route is about to name (those it
+        names now kept, so the route in force keeps working). Returns (created it now, it holds
+        subsets to prune once the VirtualService changed)."""
+        if rule is None:
+            return False, False
+        if route_is_new:
+            # A new route has no DestinationRule yet: create it at once; one left over (or
+            # made meanwhile) answers AlreadyExists and is brought up to date below.
+            try:
+                api.create(self.api_version, DESTINATION_RULES, self.namespace, rule)
+            except KubeError as exc:
+                if exc.kind != "conflict":
+                    raise
+            else:
+                return True, False
+        current = api.get(self.api_version, DESTINATION_RULES, self.namespace, name)
+        if current is None:
+            api.create(self.api_version, DESTINATION_RULES, self.namespace, rule)
+            return True, False
+        patch = rule_patch(current, rule, keep=True)
+        if patch is not None:
+            api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name, patch)
+        return False, rule_patch(current, rule, keep=False) is not None
+
+    def _tidy(self, api: CustomObjects, name: str, rule: dict[str, Any] | None, prune: bool,
+              before: dict[str, Any] | None) -> str:
+        """After the VirtualService is in force: drop the subsets it no longer names, or the
+        DestinationRule it no longer needs. A failure here leaves unused subsets, which route
+        nothing: it is reported in the message, not raised."""
+        try:
+            if rule is not None and prune:
+                spec = rule["spec"]
+                api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name,
+                                {"spec": {"subsets": spec["subsets"]}})
+                return "unused subsets removed"
+            if rule is None and before is not None and _uses_subsets(before):
+                api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
+                return "DestinationRule no longer needed, deleted"
+        except KubeError as exc:
+            return f"unused subsets left in DestinationRule {self.namespace}/{name}: {exc.message}"
+        return ""
+
+    def _undo_rule(self, api: CustomObjects, name: str, cause: KubeError) -> None:
+        """Delete the DestinationRule created for a VirtualService that was refused."""
+        try:
+            api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
+        except KubeError as exc:
+            cause.message += (f" (and the DestinationRule {self.namespace}/{name} made for it "
+                              f"could not be deleted: {exc.message})")
+            cause.args = (cause.message,)
+
+    # ----------------------------------------------------------------------------------------
+    # Helpers
+    # ----------------------------------------------------------------------------------------
+
+    def _session(self) -> Any:
+        return session(self.access, GROUP, MISSING)
+
+    def _url_of(self, obj: dict[str, Any]) -> str:
+        hosts = (obj.get("spec") or {}).get("hosts") or []
+        name = (obj.get("metadata") or {}).get("name", "")
+        return f"http://{hosts[0] if hosts else route_host(name, self.route_domain)}"
+
+    def _describe(self, obj: dict[str, Any], what: str, notes: str = "") -> str:
+        metadata = obj.get("metadata") or {}
+        try:
+            weights = ", ".join(f"{v.name} {v.weight}" for v in self.spec_of(obj).variants)
+        except AdapterError:
+            weights = "not readable"
+        text = (f"VirtualService {self.namespace}/{metadata.get('name')} {what} (generation "
+                f"{metadata.get('generation')}): weights in force {weights}")
+        return f"{text}; {notes}" if notes else text
+
+
+def rule_patch(current: dict[str, Any], wanted: dict[str, Any], *, keep: bool) -> dict[str, Any] | None:
+    """The merge patch that gives ``current`` the host, traffic policy and subsets of
+    ``wanted`` (with ``keep``, the subsets ``current`` has beyond them too), or None."""
+    have = current.get("spec") or {}
+    want = copy.deepcopy(wanted["spec"])
+    if keep and have.get("host") == want["host"]:
+        names = {s["name"] for s in want["subsets"]}
+        want["subsets"] += [s for s in have.get("subsets") or []
+                            if isinstance(s, dict) and s.get("name") not in names]
+    spec = {key: want[key] for key in ("host", "trafficPolicy", "subsets")
+            if have.get(key) != want[key]}
+    return {"spec": spec} if spec else None
+
+
+def route_problem(obj: dict[str, Any]) -> str:
+    """Why Istio says the VirtualService ``obj`` is not in force ("" when it says nothing
+    against it)."""
+    status = obj.get("status") or {}
+    reconciled = condition(status.get("conditions"), "Reconciled")
+    if reconciled is not None and reconciled.get("status") == "False":
+        return f"not reconciled by istiod ({reconciled.get('message', '')})"
+    for message in status.get("validationMessages") or []:
+        if isinstance(message, dict) and (message.get("level") or "").upper() == "ERROR":
+            code = (message.get("type") or {}).get("code", "")
+            return f"istiod reports {code or 'an error'}: {message.get('documentationUrl', '')}"
+    return ""
+
+
+def _uses_subsets(obj: dict[str, Any]) -> bool:
+    for http in (obj.get("spec") or {}).get("http") or []:
+        for item in (http or {}).get("route") or []:
+            if ((item or {}).get("destination") or {}).get("subset"):
+                return True
+    return False
+
+
+def _destination_key(destination: dict[str, Any]) -> tuple[str, str, int]:
+    port = (destination.get("port") or {}).get("number") or 0
+    return str(destination.get("host", "")), str(destination.get("subset") or ""), int(port)
+
+
+def _service_base(host: str, namespace: str) -> str:
+    labels = host.split(".")
+    if len(labels) >= 2 and labels[1] != namespace:
+        return f"{labels[0]}.{labels[1]}"
+    return labels[0]
+
+
+def _foreign(where: str, why: str) -> AdapterError:
+    return AdapterError(
+        f"{where} is not in the shape Switchyard writes ({why}): it was changed outside "
+        "Switchyard; apply the route again to take it back",
+        permanent=True,
+    )

@@ -1,0 +1,401 @@
+"""The Istio router against answers a real kube-apiserver gave (``recorded/05-istio.json``,
+Istio 1.22.8's CRDs).
+
+Every request the router sends must be one the recorded server received; :func:`answered`
+pairs a recorded request with a recorded answer of another exchange where a scenario needs it
+(both halves real; the test says which). Every object written (created, or as a merge patch
+leaves it) is validated against the CRD schema.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from fleet.adapters.base import AdapterError
+from fleet.adapters.kubernetes import TOKEN, KubeAccess, KubeError
+from fleet.adapters.routers.base import (
+    KSERVE_V2,
+    LEAST_PENDING,
+    OPENAI,
+    STICKY,
+    Mirror,
+    RouteSpec,
+    RouteSpecError,
+    TrafficRouter,
+    Variant,
+)
+from fleet.adapters.routers.istio import MISSING, IstioRouter, route_problem, rule_patch
+from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, answered, exchanges
+from tests.kube.schemas import DESTINATIONRULE_V1, VIRTUALSERVICE_V1, validate_custom
+
+SHARED = "http://triton-fraud.serving.svc.cluster.local:8000"
+
+
+def ist(n: int) -> dict[str, Any]:
+    return exchanges("05-istio", n)[0]
+
+
+def auth(n: int) -> dict[str, Any]:
+    return exchanges("06-auth-errors", n)[0]
+
+
+def router(srv: RecordedApiServer | None = None, **options: Any) -> IstioRouter:
+    arguments: dict[str, Any] = {"namespace": "serving", "route_domain": "example",
+                                 "gateway": "serving/inference-gw", **options}
+    url = srv.url if srv is not None else "http://127.0.0.1:9"
+    return IstioRouter(KubeAccess(auth=TOKEN, url=url, token=GOOD_TOKEN, timeout_s=1),
+                       **arguments)
+
+
+def fraud(w1: int, w2: int, **options: Any) -> RouteSpec:
+    """The recorded route: v1 and v2 of Triton's fraud model behind one Service, told apart
+    by the pods' revision label (subsets v1 and v2)."""
+    return RouteSpec("fraud-scorer", KSERVE_V2, (
+        Variant("v1", SHARED, w1, model="fraud", version=1),
+        Variant("v2", SHARED, w2, model="fraud", version=2),
+    ), **options)
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """RFC 7386: what a JSON merge patch makes of ``target``."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merged(out.get(key), value)
+    return out
+
+
+def test_it_is_a_traffic_router():
+    assert isinstance(router(), TrafficRouter)
+
+
+# --------------------------------------------------------------------------------------------
+# Creating, changing, applying again
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_new_route_on_one_service_creates_its_subsets_first_then_the_virtual_service():
+    """GIVEN no VirtualService fraud-scorer (#13) WHEN 90/10 is applied THEN the
+    DestinationRule with subsets v1/v2 is created (#0), then the VirtualService (#1)."""
+    with RecordedApiServer([ist(13), ist(0), ist(1)]) as srv:
+        result = router(srv).apply(fraud(90, 10))
+    srv.assert_all_matched()
+    assert srv.unused == []
+    assert (result.changed, result.reloaded, result.url) == (True, True, "http://fraud-scorer.example")
+    assert "created (generation 1): weights in force v1 90, v2 10" in result.message
+    rule, service = [r.body for r in srv.received if r.method == "POST"]
+    validate_custom(rule, DESTINATIONRULE_V1)
+    validate_custom(service, VIRTUALSERVICE_V1)
+
+
+def test_weights_change_by_one_merge_patch_of_the_http_list():
+    """GIVEN the route at 90/10 (#2) and its subsets in place (#10) WHEN 0/100 is applied THEN
+    one merge patch replaces the http list (#6); the DestinationRule is left as it is."""
+    with RecordedApiServer([ist(2), ist(10), ist(6)]) as srv:
+        result = router(srv).apply(fraud(0, 100))
+    srv.assert_all_matched()
+    assert srv.unused == []
+    assert result.changed and "weights in force v1 0, v2 100" in result.message
+    [patch] = [r.body for r in srv.received if r.method == "PATCH"]
+    validate_custom(merged(ist(2)["response_body"], patch), VIRTUALSERVICE_V1)
+
+
+def test_applying_again_reads_and_writes_nothing():
+    with RecordedApiServer([ist(4), ist(10), ist(5), ist(7), ist(10)]) as srv:
+        subject = router(srv)
+        first = subject.apply(fraud(50, 50))
+        second = subject.apply(fraud(0, 100))  # what #7 holds
+    srv.assert_all_matched()
+    assert srv.unused == []
+    assert first.changed
+    assert (second.changed, second.reloaded) == (False, False)
+    assert "already in force" in second.message
+
+
+def test_variants_on_services_of_their_own_need_no_destination_rule():
+    spec = RouteSpec("dep-7", OPENAI, (
+        Variant("v1-llama-a", "http://llama-a.serving:8000", 70),
+        Variant("v2-llama-b", "http://llama-b.serving.svc.cluster.local:8000", 30),
+    ))
+    subject = router()
+    plan = subject.plan(spec)
+    assert subject.destination_rule("dep-7", plan) is None
+    service = subject.virtual_service("dep-7", plan)
+    validate_custom(service, VIRTUALSERVICE_V1)
+    assert service["spec"]["http"][0]["route"] == [
+        {"destination": {"host": "llama-a.serving.svc.cluster.local", "port": {"number": 8000}},
+         "weight": 70},
+        {"destination": {"host": "llama-b.serving.svc.cluster.local", "port": {"number": 8000}},
+         "weight": 30},
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Failures: readable, and nothing half-applied
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_refused_virtual_service_takes_back_the_destination_rule_made_for_it():
+    """The VirtualService's create answered as RBAC answered a limited user's write (06 #8):
+    the DestinationRule just created (#0) is deleted again (#12), and the error is readable."""
+    script = [ist(13), ist(0), answered(ist(1), auth(8)), ist(12)]
+    with RecordedApiServer(script) as srv, pytest.raises(KubeError) as refused:
+        router(srv).apply(fraud(90, 10))
+    srv.assert_all_matched()
+    assert srv.unused == []
+    assert [(r.method, r.path.rsplit("/", 2)[-2]) for r in srv.received] == [
+        ("GET", "virtualservices"), ("POST", "serving"), ("POST", "serving"),
+        ("DELETE", "destinationrules")]
+    assert refused.value.kind == "forbidden" and refused.value.permanent
+    assert "forbidden by RBAC (403)" in refused.value.message
+
+
+def test_a_refused_patch_leaves_the_route_as_it_was_and_sends_nothing_more():
+    script = [ist(2), ist(10), answered(ist(6), auth(8))]
+    with RecordedApiServer(script) as srv, pytest.raises(KubeError) as refused:
+        router(srv).apply(fraud(0, 100))
+    srv.assert_all_matched()
+    assert len(srv.received) == 3
+    assert refused.value.kind == "forbidden"
+
+
+def test_a_cluster_without_istio_says_so():
+    """The VirtualService read answered as the server answers a resource it does not serve."""
+    script = [answered(ist(2), auth(12))]
+    with RecordedApiServer(script) as srv, pytest.raises(KubeError) as refused:
+        router(srv).apply(fraud(90, 10))
+    srv.assert_all_matched()
+    assert len(srv.received) == 1
+    assert refused.value.missing_api and refused.value.permanent
+    assert MISSING in refused.value.message
+
+
+@pytest.mark.parametrize(("spec", "field", "words"), [
+    (fraud(50, 50, policy=STICKY, sticky_header="X-User"), "policy", "sticky cannot"),
+    (fraud(50, 50, policy=LEAST_PENDING), "policy", "least-pending cannot"),
+    (RouteSpec("r", KSERVE_V2, (Variant("a", SHARED, 50, model="fraud"),
+                                Variant("b", SHARED, 50, model="other"))),
+     "variants.1.model", "every variant must serve the same model"),
+    (RouteSpec("r", OPENAI, (Variant("A_1", SHARED, 50), Variant("b", SHARED, 50))),
+     "variants.0.name", "DNS labels"),
+    (RouteSpec("r", OPENAI, (Variant("a", SHARED, 25), Variant("b", SHARED, 25),
+                             Variant("c", "http://llm.serving:80", 25),
+                             Variant("d", "http://llm.serving:80", 25))),
+     "variants", "share more than one Service"),
+    (RouteSpec("r", OPENAI, (Variant("a", "http://192.0.2.10:8000", 100),)),
+     "variants.0.upstream", "must name a Kubernetes Service"),
+])
+def test_what_istio_cannot_express_is_refused_naming_the_field_before_any_request(
+    spec, field, words
+):
+    # The API server's port is closed: any request would be a KubeError, not this refusal.
+    with pytest.raises(RouteSpecError) as refused:
+        router().apply(spec)
+    assert refused.value.field == field
+    assert words in refused.value.message
+
+
+# --------------------------------------------------------------------------------------------
+# Reading back, the URL, removing, health
+# --------------------------------------------------------------------------------------------
+
+
+def test_read_returns_the_split_the_server_holds_with_the_subsets_as_variants():
+    with RecordedApiServer([ist(2), ist(13)]) as srv:
+        subject = router(srv)
+        spec = subject.read("fraud-scorer")
+        missing = subject.read("fraud-scorer")
+    srv.assert_all_matched()
+    assert spec == RouteSpec("fraud-scorer", OPENAI, (
+        Variant("v1", SHARED, 90), Variant("v2", SHARED, 10)))
+    assert missing is None
+
+
+def test_read_through_v1beta1_for_older_istio():
+    with RecordedApiServer([ist(8)]) as srv:
+        spec = router(srv, api_version="v1beta1").read("fraud-scorer")
+    srv.assert_all_matched()
+    assert spec.weights() == {"v1": 0, "v2": 100}
+
+
+def test_the_url_is_the_routes_host():
+    with RecordedApiServer([ist(2), ist(13)]) as srv:
+        subject = router(srv)
+        assert subject.url("fraud-scorer") == "http://fraud-scorer.example"
+        assert subject.url("fraud-scorer") is None
+    srv.assert_all_matched()
+
+
+def test_remove_deletes_the_virtual_service_then_its_destination_rule():
+    with RecordedApiServer([ist(7), ist(11), ist(12), ist(13)]) as srv:
+        subject = router(srv)
+        assert subject.remove("fraud-scorer") is True
+        assert subject.remove("fraud-scorer") is False
+    srv.assert_all_matched()
+    assert srv.unused == []
+
+
+def test_health_lists_the_routes_switchyard_wrote():
+    with RecordedApiServer([ist(9)]) as srv:
+        health = router(srv).health()
+    srv.assert_all_matched()
+    assert health.ok is True
+    assert health.routes == {"fraud-scorer": True}
+
+
+def test_health_of_a_cluster_without_istio_is_down_with_the_reason():
+    with RecordedApiServer([answered(ist(9), auth(11))]) as srv:
+        health = router(srv).health()
+    srv.assert_all_matched()
+    assert health.ok is False and MISSING in health.message
+
+
+def test_health_never_raises_when_the_api_server_is_unreachable():
+    health = router().health()
+    assert health.ok is False and "unreachable" in health.message
+
+
+@pytest.mark.parametrize(("status", "problem"), [
+    ({}, ""),
+    ({"conditions": [{"type": "Reconciled", "status": "True"}]}, ""),
+    ({"conditions": [{"type": "Reconciled", "status": "False", "message": "1/2 proxies"}]},
+     "not reconciled by istiod (1/2 proxies)"),
+    ({"validationMessages": [{"level": "ERROR", "type": {"code": "IST0101"},
+                              "documentationUrl": "https://istio.io/latest/docs/reference/"
+                                                  "config/analysis/ist0101/"}]},
+     "istiod reports IST0101"),
+])
+def test_istios_status_says_whether_a_route_is_in_force(status, problem):
+    obj = {**ist(2)["response_body"], "status": status}
+    found = route_problem(obj)
+    assert (found == "") if not problem else (problem in found)
+
+
+def test_a_virtual_service_edited_outside_switchyard_is_not_read_as_a_split():
+    obj = copy.deepcopy(ist(2)["response_body"])
+    obj["spec"]["http"][0]["rewrite"] = {"uri": "/v2"}
+    with pytest.raises(AdapterError) as refused:
+        router().spec_of(obj)
+    assert "not in the shape Switchyard writes (its HTTP route has rewrite)" in (
+        refused.value.message)
+
+
+# --------------------------------------------------------------------------------------------
+# The objects written, against the CRD schemas
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    fraud(100, 0),
+    fraud(0, 100, mirror=Mirror("v2", 25)),
+    RouteSpec("dep-3", OPENAI, (
+        Variant("v1-a", SHARED, 34), Variant("v2-b", SHARED, 33),
+        Variant("v3-c", "http://llm-c.models.svc.cluster.local:8001", 33),
+    ), mirror=Mirror("v3-c", 100)),
+])
+def test_every_object_the_router_writes_is_valid_for_the_crds_and_reads_back(spec):
+    subject = router(gateway="gateways/public")
+    plan = subject.plan(spec)
+    service = subject.virtual_service(spec.name, plan)
+    validate_custom(service, VIRTUALSERVICE_V1)
+    assert service["spec"]["gateways"] == ["gateways/public"]
+    rule = subject.destination_rule(spec.name, plan)
+    validate_custom(rule, DESTINATIONRULE_V1)
+    back = subject.spec_of(service)
+    assert list(back.weights().values()) == list(spec.weights().values())
+    if spec.mirror:
+        assert back.mirror.percent == spec.mirror.percent
+        http = service["spec"]["http"][0]
+        assert http["mirrorPercentage"] == {"value": float(spec.mirror.percent)}
+    # The merge patch from the recorded route to this one leaves a valid VirtualService.
+    patch = subject.patch_for(ist(2)["response_body"], service)
+    validate_custom(merged(ist(2)["response_body"], patch), VIRTUALSERVICE_V1)
+
+
+def test_new_subsets_are_added_before_the_route_changes_and_pruned_after():
+    subject = router()
+    before = ist(10)["response_body"]  # subsets v1, v2
+    wanted = subject.destination_rule("fraud-scorer", subject.plan(RouteSpec(
+        "fraud-scorer", OPENAI, (Variant("v2", SHARED, 50), Variant("v3", SHARED, 50)))))
+    grow = rule_patch(before, wanted, keep=True)
+    grown = merged(before, grow)
+    validate_custom(grown, DESTINATIONRULE_V1)
+    assert [s["name"] for s in grown["spec"]["subsets"]] == ["v2", "v3", "v1"]
+    shrink = rule_patch(grown, wanted, keep=False)
+    assert [s["name"] for s in merged(grown, shrink)["spec"]["subsets"]] == ["v2", "v3"]
+    assert rule_patch(merged(grown, shrink), wanted, keep=False) is None
+
+
+def test_a_gateway_in_the_routes_namespace_is_named_by_its_name_and_none_is_the_mesh():
+    assert router(gateway="serving/inference-gw").gateway == "inference-gw"
+    assert router(gateway="inference-gw").gateway == "inference-gw"
+    mesh = router(gateway="")
+    assert "gateways" not in mesh.virtual_service("r", mesh.plan(fraud(100, 0)))["spec"]
+
+
+class Calls:
+    """Stands in for the API in a DestinationRule sequence that was not recorded: holds the
+    objects by (plural, name) and lists the calls made, in order."""
+
+    def __init__(self, **objects: dict[str, Any]) -> None:
+        self.objects = {("destinationrules", k): v for k, v in objects.items()}
+        self.calls: list[tuple[str, str]] = []
+
+    def get(self, _version: str, plural: str, _ns: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", plural))
+        return self.objects.get((plural, name))
+
+    def create(self, _version: str, plural: str, _ns: str, body: dict[str, Any]) -> Any:
+        self.calls.append(("create", plural))
+        self.objects[(plural, body["metadata"]["name"])] = body
+        return body
+
+    def merge_patch(self, _version: str, plural: str, _ns: str, name: str, patch: Any) -> Any:
+        self.calls.append(("patch", plural))
+        self.objects[(plural, name)] = merged(self.objects[(plural, name)], patch)
+        return self.objects[(plural, name)]
+
+    def delete(self, _version: str, plural: str, _ns: str, name: str) -> bool:
+        self.calls.append(("delete", plural))
+        return self.objects.pop((plural, name), None) is not None
+
+
+def test_a_route_moving_to_new_subsets_keeps_the_old_ones_until_it_no_longer_names_them():
+    subject = router()
+    api = Calls(**{"fraud-scorer": ist(10)["response_body"]})
+    rule = subject.destination_rule("fraud-scorer", subject.plan(RouteSpec(
+        "fraud-scorer", OPENAI, (Variant("v2", SHARED, 50), Variant("v3", SHARED, 50)))))
+
+    created, prune = subject._ensure_rule(api, "fraud-scorer", rule, route_is_new=False)
+    during = api.objects[("destinationrules", "fraud-scorer")]
+    note = subject._tidy(api, "fraud-scorer", rule, prune, ist(7)["response_body"])
+    after = api.objects[("destinationrules", "fraud-scorer")]
+
+    assert (created, prune) == (False, True)
+    assert [s["name"] for s in during["spec"]["subsets"]] == ["v2", "v3", "v1"]
+    assert [s["name"] for s in after["spec"]["subsets"]] == ["v2", "v3"]
+    assert note == "unused subsets removed"
+    validate_custom(after, DESTINATIONRULE_V1)
+
+
+def test_a_route_that_no_longer_needs_subsets_deletes_its_destination_rule_after_the_change():
+    subject = router()
+    api = Calls(**{"fraud-scorer": ist(10)["response_body"]})
+    note = subject._tidy(api, "fraud-scorer", None, False, ist(7)["response_body"])
+    assert api.calls == [("delete", "destinationrules")]
+    assert note == "DestinationRule no longer needed, deleted"
+
+
+def test_a_routes_host_stays_what_it_was_made_with():
+    subject = router(route_domain="models.example.com")
+    wanted = subject.virtual_service("fraud-scorer", subject.plan(fraud(0, 100)))
+    patch = subject.patch_for(ist(2)["response_body"], wanted)
+    assert set(patch["spec"]) == {"http"}
+    assert wanted["spec"]["hosts"] == ["fraud-scorer.models.example.com"]
