@@ -205,7 +205,10 @@ def reconcile_all(now: float | None = None) -> dict[str, int]:
     skipped. Returns counts of what changed."""
     now = time.monotonic() if now is None else now
     counts = {"lost": 0, "config": 0}
-    servers = InferenceServer.objects.filter(model_loads__state=State.READY).distinct()
+    # A Kubernetes workload's server is watched through its Deployment's readiness by the
+    # workload reconciler, which owns what runs there (and the quota its pods hold).
+    servers = (InferenceServer.objects.filter(model_loads__state=State.READY)
+               .exclude(source=InferenceServer.Source.MANAGED).distinct())
     for server in servers:
         try:
             counts["lost"] += len(reconcile_server(server))

@@ -45,7 +45,18 @@ PROGRESS_EVERY_S = 0.5
 
 
 def _servers(deployment: Deployment, names: list[str] | None) -> list[InferenceServer]:
+    """The servers named, or the deployment's servers whose versions loads change (not the
+    Kubernetes workloads', which run the version they were started with)."""
     servers = list(deployment.servers.order_by("name"))
+    if not names:
+        managed = [s for s in servers if s.source == InferenceServer.Source.MANAGED]
+        servers = [s for s in servers if s.source != InferenceServer.Source.MANAGED]
+        if managed and not servers:
+            raise DomainError(
+                f"deployment {deployment.name}'s servers are Kubernetes workloads, each running "
+                "the version it was started with: run a workload of the version instead",
+                field="servers",
+            )
     if names:
         known = {s.name: s for s in servers}
         unknown = sorted(set(names) - set(known))
@@ -58,6 +69,20 @@ def _servers(deployment: Deployment, names: list[str] | None) -> list[InferenceS
     if not servers:
         raise DomainError(f"deployment {deployment.name} has no servers to load onto", field="servers")
     return servers
+
+
+def _refuse_managed(server: InferenceServer, what: str) -> None:
+    """A server Switchyard runs as a Kubernetes workload serves the version it was started
+    with: what runs there changes through the workload (rollouts.workloads), not loads."""
+    if server.source != InferenceServer.Source.MANAGED:
+        return
+    where = f"{server.kube_namespace}/{server.kube_name}" if server.kube_name else server.name
+    raise Conflict(
+        f"{server.name} is run by the Kubernetes workload {where}, which serves the version "
+        f"it was started with: cannot {what}; create a workload for another version, roll a "
+        "vLLM workload to it, or delete the workload",
+        field="servers",
+    )
 
 
 def check_runtime(version: ModelVersion, servers: list[InferenceServer]) -> None:
@@ -209,6 +234,7 @@ def _create_loads(
             if ready is not None:
                 raise Conflict(f"v{version.version} is loaded on {server.name} already: a load "
                                "with another config needs it unloaded first", field="version")
+            _refuse_managed(server, f"load v{version.version} onto it")
             load = ModelLoad.objects.create(
                 tenant=deployment.tenant,
                 deployment=deployment,
@@ -263,6 +289,8 @@ def unload_for(
             load = busy or ModelLoad.objects.filter(server=server, version=version, state=State.READY).first()
             if load is None:
                 continue
+            if load.state == State.READY:
+                _refuse_managed(server, f"unload v{version.version} from it")
             if load.state == State.READY:
                 ModelLoad.objects.filter(pk=load.pk, state=State.READY).update(
                     state=State.UNLOADING, unload_requested_by_label=label,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts import drift, latency, loads, rollout, routes
+from rollouts import drift, latency, loads, rollout, routes, workload_reconciler
 from rollouts.benchmarks import jobs as benchmark_jobs
-from rollouts.models import ModelLoad
+from rollouts.models import ModelLoad, ServerWorkload
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
@@ -91,3 +91,25 @@ def reconcile_benchmarks() -> int:
 def prune_benchmark_files() -> int:
     """Hourly: drop benchmark runner logs older than a week."""
     return benchmark_jobs.prune_runner_files()
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True)
+def advance_workload(self: Task, workload_id: int) -> None:
+    """One step of a server workload on Kubernetes; while it applies (not while it waits for
+    pods, which beat looks at every few seconds) the next step is sent at once."""
+    state = workload_reconciler.advance(workload_id)
+    if state in (ServerWorkload.State.APPLYING, ServerWorkload.State.ROLLING_BACK,
+                 ServerWorkload.State.DELETING):
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        advance_workload.apply_async((workload_id,), queue=queue)
+
+
+@shared_task(ignore_result=True)
+def reconcile_workloads() -> int:
+    """Beat tick: advance every workload in flight that is due and no worker holds (lost
+    workers included), and read ready autoscaled ones every SWITCHYARD_KUBE_SYNC_INTERVAL_S
+    (the replicas their HPA set)."""
+    due = workload_reconciler.due_workloads()
+    for workload_id in due:
+        advance_workload.delay(workload_id)
+    return len(due)

@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import benchmarks, rollouts, routes, views
+from rollouts.api import benchmarks, rollouts, routes, views, workloads
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -11,5 +11,6 @@ router.register("loads", views.ModelLoadViewSet, basename="load")
 router.register("routes", routes.RouteViewSet, basename="route")
 router.register("rollouts", rollouts.RolloutViewSet, basename="rollout")
 router.register("benchmarks", benchmarks.BenchmarkJobViewSet, basename="benchmark")
+router.register("workloads", workloads.WorkloadViewSet, basename="workload")
 
 urlpatterns = router.urls

@@ -5,6 +5,7 @@ from .loads import ModelLoad, ModelLoadEvent
 from .registry import Alias, Model, ModelVersion
 from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
+from .workloads import ServerWorkload
 
 __all__ = [
     "Alias",
@@ -21,4 +22,5 @@ __all__ = [
     "RolloutEvent",
     "Route",
     "RouteRevision",
+    "ServerWorkload",
 ]
