@@ -11,6 +11,7 @@ from drf_spectacular.views import (
 )
 from rest_framework.routers import DefaultRouter
 
+from console import metrics
 from fleet.api.urls import router as fleet_router
 from rollouts.api.urls import router as rollouts_router
 
@@ -33,6 +34,7 @@ urlpatterns = [
     path("api/redoc/", csp_update({"worker-src": ["'self'", "blob:"]})(
         SpectacularRedocView.as_view(url_name="api-schema")), name="api-redoc"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics, name="metrics"),
 ]
 
 # Errors raised outside DRF's views: JSON under /api/, the usual pages elsewhere.

@@ -1,0 +1,222 @@
+"""``/metrics``: Switchyard's own Prometheus endpoint.
+
+One registry built per request from :data:`COLLECTORS` (each a ``prometheus_client``
+collector class): today the per-deployment autoscaling signal
+(:class:`DeploymentCollector`); later collectors join the list. Nothing is scraped from the
+servers while answering: the figures are what Switchyard already keeps in Redis and the
+database (``rollouts.autoscaling``).
+
+Who may read it (decided in :func:`refusal`):
+
+* ``SWITCHYARD_METRICS_TOKEN`` set: every request needs ``Authorization: Bearer <token>``
+  (401 without it or with another one);
+* the client address must lie in ``SWITCHYARD_METRICS_ALLOW_NETS`` (comma-separated CIDRs)
+  when that is set; when it is not: anywhere with a token, loopback only without one (403);
+* without a token, a request that came through a proxy (an ``X-Forwarded-For``,
+  ``Forwarded`` or ``X-Real-IP`` header) is refused unless ``SWITCHYARD_TRUST_PROXY_HEADERS``
+  says the proxy is trusted: behind a proxy on the same host every caller would otherwise
+  look local. With trusted proxy headers the address is the one the proxy saw
+  (``fleet.lockouts.client_ip``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Iterable, Iterator
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from fleet.lockouts import client_ip
+from rollouts import autoscaling
+
+log = logging.getLogger(__name__)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+LOOPBACK: tuple[Network, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"),
+)
+PROXY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
+
+# --------------------------------------------------------------------------------------------
+# Per-deployment autoscaling signal
+# --------------------------------------------------------------------------------------------
+
+#: Every deployment series carries these labels. ``deployment`` is Switchyard's deployment
+#: name (the ``switchyard.io/deployment`` label of its pods); ``kube_namespace`` and
+#: ``kube_deployment`` name its Kubernetes Deployment when it has exactly one (empty, that is
+#: absent for Prometheus, otherwise), so prometheus-adapter can tie a series to that object.
+#: Not ``namespace``: Prometheus' Kubernetes service discovery sets that label to the scrape
+#: target's own namespace, and would rename ours to ``exported_namespace``.
+DEPLOYMENT_LABELS = ("tenant", "deployment", "cluster", "kube_namespace", "kube_deployment")
+
+#: name -> (help, unit conversion from the Recommendation). Gauges: each is the value over the
+#: last minute as Switchyard measured it, ready for an HPA's External or Object metric.
+DEPLOYMENT_GAUGES: dict[str, str] = {
+    "switchyard_deployment_p99_latency_seconds":
+        "p99 request latency over the last minute (router samples, else the servers' metrics)",
+    "switchyard_deployment_requests_per_second":
+        "Requests per second over the last minute",
+    "switchyard_deployment_queue_time_seconds":
+        "Mean time a request waited in the server's queue over the last minute",
+    "switchyard_deployment_error_ratio":
+        "Share of requests that failed over the last minute (0 to 1)",
+    "switchyard_deployment_slo_p99_seconds":
+        "The deployment's p99 latency SLO",
+    "switchyard_deployment_slo_error_ratio":
+        "The deployment's error-rate ceiling (0 to 1)",
+    "switchyard_deployment_capacity_requests_per_second":
+        "Requests per second one replica carries within the SLO (newest benchmark of the "
+        "version serving most traffic)",
+    "switchyard_deployment_replicas":
+        "Replicas the deployment has now (its Kubernetes workloads' replicas, else its servers)",
+    "switchyard_deployment_replicas_recommended":
+        "Replicas needed for the last minute's rate at the target utilisation "
+        "(absent without a benchmark or a measured rate)",
+}
+SIGNAL_UP = "switchyard_deployment_signal_up"
+
+
+def _deployment_values(rec: autoscaling.Recommendation) -> dict[str, float | None]:
+    sig, deployment = rec.signal, rec.deployment
+
+    def seconds(ms: float | None) -> float | None:
+        return ms / 1000.0 if ms is not None else None
+
+    return {
+        "switchyard_deployment_p99_latency_seconds": seconds(sig.p99_ms),
+        "switchyard_deployment_requests_per_second": sig.rps,
+        "switchyard_deployment_queue_time_seconds": seconds(sig.queue_ms),
+        "switchyard_deployment_error_ratio":
+            sig.error_rate / 100.0 if sig.error_rate is not None else None,
+        "switchyard_deployment_slo_p99_seconds": deployment.slo_p99_ms / 1000.0,
+        "switchyard_deployment_slo_error_ratio": float(deployment.slo_error_rate) / 100.0,
+        "switchyard_deployment_capacity_requests_per_second": rec.capacity_rps,
+        "switchyard_deployment_replicas": float(rec.current),
+        "switchyard_deployment_replicas_recommended":
+            float(rec.recommended) if rec.recommended is not None else None,
+    }
+
+
+class DeploymentCollector(Collector):
+    """One series per deployment in use (archived ones left out) and gauge; a gauge without
+    a value for a deployment (nothing measured, no benchmark) is left out for it, so an HPA
+    reading it holds its replicas instead of acting on a made-up zero."""
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only, so registering does not query anything.
+        families = [GaugeMetricFamily(n, h, labels=DEPLOYMENT_LABELS)
+                    for n, h in DEPLOYMENT_GAUGES.items()]
+        return [*families, GaugeMetricFamily(SIGNAL_UP, "")]
+
+    def collect(self) -> Iterator[Metric]:
+        families = {name: GaugeMetricFamily(name, text, labels=DEPLOYMENT_LABELS)
+                    for name, text in DEPLOYMENT_GAUGES.items()}
+        up = 1.0
+        for rec in autoscaling.recommendations():
+            if rec.signal.error:
+                up = 0.0
+            deployment = rec.deployment
+            labels = [deployment.tenant.slug, deployment.name, deployment.cluster.name,
+                      rec.namespace, rec.kube_deployment]
+            for name, value in _deployment_values(rec).items():
+                if value is not None:
+                    families[name].add_metric(labels, value)
+        yield from families.values()
+        yield GaugeMetricFamily(
+            SIGNAL_UP, "1 when the live window in Redis could be read for every deployment; "
+            "0 when it could not (their live gauges are then absent)", value=up)
+
+
+#: The collectors /metrics serves, in order. Add new ones here.
+COLLECTORS: list[type[Collector]] = [DeploymentCollector]
+
+
+def registry() -> CollectorRegistry:
+    """A fresh registry of every collector in :data:`COLLECTORS`."""
+    found = CollectorRegistry(auto_describe=False)
+    for collector in COLLECTORS:
+        found.register(collector())
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Access
+# --------------------------------------------------------------------------------------------
+
+
+def allowed_networks() -> tuple[Network, ...]:
+    """``SWITCHYARD_METRICS_ALLOW_NETS`` parsed (a list, or a comma-separated string). An
+    entry that is not a network allows nothing (it is logged)."""
+    raw = getattr(settings, "SWITCHYARD_METRICS_ALLOW_NETS", ()) or ()
+    entries = raw.split(",") if isinstance(raw, str) else list(raw)
+    nets = []
+    for entry in (str(e).strip() for e in entries):
+        if not entry:
+            continue
+        try:
+            nets.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            log.warning("SWITCHYARD_METRICS_ALLOW_NETS: %r is not a network; ignored", entry)
+    return tuple(nets)
+
+
+def _address(request: HttpRequest) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    text = client_ip(request)
+    if text is None:
+        return None
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _plain(status: int, text: str) -> HttpResponse:
+    return HttpResponse(text + "\n", status=status, content_type="text/plain; charset=utf-8")
+
+
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """The answer to a caller who may not read /metrics (None: they may); see the module's
+    docstring for the rules."""
+    token = str(getattr(settings, "SWITCHYARD_METRICS_TOKEN", "") or "")
+    nets = allowed_networks()
+    if token:
+        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                sent.strip().encode(), token.encode()):
+            answer = _plain(401, "/metrics needs Authorization: Bearer <SWITCHYARD_METRICS_TOKEN>")
+            answer["WWW-Authenticate"] = 'Bearer realm="switchyard-metrics"'
+            return answer
+        if not nets:
+            return None
+    elif not getattr(settings, "SWITCHYARD_TRUST_PROXY_HEADERS", False) and any(
+            request.META.get(h) for h in PROXY_HEADERS):
+        return _plain(403, "/metrics came through a proxy: set SWITCHYARD_METRICS_TOKEN, or "
+                           "SWITCHYARD_TRUST_PROXY_HEADERS when the proxy is yours")
+    address = _address(request)
+    if address is None or not any(address in net for net in nets or LOOPBACK
+                                  if net.version == address.version):
+        return _plain(403, f"/metrics is not served to {address or 'this address'}: set "
+                           "SWITCHYARD_METRICS_TOKEN, or add its network to "
+                           "SWITCHYARD_METRICS_ALLOW_NETS")
+    return None
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The exposition of every collector, in the format the scraper asks for (Prometheus
+    text, or OpenMetrics through ``Accept``)."""
+    refused = refusal(request)
+    if refused is not None:
+        return refused
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(registry()), content_type=content_type)
