@@ -5,6 +5,12 @@ from fleet import views
 app_name = "fleet"
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("clusters/new/", views.cluster_create, name="cluster-create"),
+    path("clusters/<int:pk>/", views.cluster_detail, name="cluster"),
+    path("clusters/<int:pk>/live/", views.cluster_live, name="cluster-live"),
+    path("clusters/<int:pk>/edit/", views.cluster_edit, name="cluster-edit"),
+    path("clusters/<int:pk>/test/", views.cluster_test, name="cluster-test"),
+    path("clusters/<int:pk>/sync/", views.cluster_sync, name="cluster-sync"),
     path("servers/live/", views.servers_partial, name="servers-live"),
     path("servers/<int:pk>/", views.server_detail, name="server"),
     path("servers/<int:pk>/status/", views.server_status, name="server-status"),

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from rollouts import benchmark_views, rollout_views, views
+from rollouts import autoscaling_views, benchmark_views, rollout_views, views, workload_views
 
 app_name = "rollouts"
 urlpatterns = [
@@ -24,6 +24,14 @@ urlpatterns = [
          name="deployment-rollout-start"),
     path("deployments/<int:pk>/benchmarks/start/", views.deployment_benchmark_start,
          name="deployment-benchmark-start"),
+    path("deployments/<int:pk>/replicas/", autoscaling_views.deployment_replicas,
+         name="deployment-replicas"),
+    path("deployments/<int:pk>/workloads/", workload_views.deployment_workloads,
+         name="deployment-workloads"),
+    path("deployments/<int:pk>/workloads/create/", workload_views.deployment_workload_create,
+         name="deployment-workload-create"),
+    path("workloads/<int:pk>/<slug:action>/", workload_views.workload_action,
+         name="workload-action"),
     path("loads/<int:pk>/", views.load_detail, name="load"),
     path("rollouts/", rollout_views.rollout_list, name="rollouts"),
     path("rollouts/<int:pk>/", rollout_views.rollout_detail, name="rollout"),

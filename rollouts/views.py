@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
 from console.paging import paginate, querystring_without_page
-from fleet.models import AuditEvent, Membership, Placement, Tenant
+from fleet.models import AuditEvent, InferenceServer, Membership, Placement, Tenant
 from fleet.tenancy import has_role, require_role
 from fleet.visibility import reported_models
 from rollouts import approvals, deployments, routes, samples
@@ -267,6 +267,8 @@ def _render_deployment(
         ]
     context = _deployment_context(request, deployment) | {
         "servers": servers,
+        # Loads change what these run; a Kubernetes workload runs the version it started with.
+        "load_servers": [s for s in servers if s.source != InferenceServer.Source.MANAGED],
         "aliases": deployment.model.aliases.select_related("version"),
         "loadable": loadable,
         "can_deploy": can_deploy,

@@ -14,12 +14,22 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from fleet import audit, health, tokens
+from fleet import audit, health, kube_connection, tokens
 from fleet.api import serializers as s
 from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
-from fleet.models import GPU, APIToken, AuditEvent, Cluster, InferenceServer, Node, Quota, Tenant
+from fleet.models import (
+    GPU,
+    APIToken,
+    AuditEvent,
+    Cluster,
+    ClusterSync,
+    InferenceServer,
+    Node,
+    Quota,
+    Tenant,
+)
 from fleet.quota import usage_for
 from fleet.visibility import reported_models
 
@@ -69,6 +79,9 @@ class AuditedFleetViewSet(FleetViewSet):
     """Fleet writes (platform admins only) are recorded in the audit log."""
 
     audit_tenant_field: str | None = None
+    #: Fields whose values the audit log must not hold (secrets, even encrypted): a change is
+    #: recorded under the name given here as "changed" or "removed".
+    audit_hidden: dict[str, str] = {}
 
     def _tenant(self, obj: Any) -> Tenant | None:
         return getattr(obj, self.audit_tenant_field) if self.audit_tenant_field else None
@@ -79,11 +92,15 @@ class AuditedFleetViewSet(FleetViewSet):
                      after=dict(serializer.data))
 
     def perform_update(self, serializer: BaseSerializer) -> None:
-        fields = list(serializer.validated_data)
+        fields = [f for f in serializer.validated_data if f not in self.audit_hidden]
+        hidden = [f for f in serializer.validated_data if f in self.audit_hidden]
         before = audit.snapshot(serializer.instance, fields)
         obj = serializer.save()
+        after = audit.snapshot(obj, fields)
+        for field in hidden:
+            after[self.audit_hidden[field]] = "changed" if getattr(obj, field) else "removed"
         audit.record(self.request.user, "updated", obj, tenant=self._tenant(obj),
-                     before=before, after=audit.snapshot(obj, fields))
+                     before=before, after=after)
 
     def perform_destroy(self, instance: Any) -> None:
         # One transaction: a delete refused for objects still in use records nothing.
@@ -115,9 +132,48 @@ class QuotaViewSet(AuditedFleetViewSet):
 
 
 class ClusterViewSet(AuditedFleetViewSet):
+    """Clusters. Kubernetes ones: how to reach the API (the secret is write-only), what it
+    last said, and the sync of their nodes. ``POST .../test-connection/`` asks the API now;
+    ``POST .../sync/`` queues a sync; ``GET .../syncs/`` lists the recent ones, newest first.
+    """
+
     queryset = Cluster.objects.all()
     serializer_class = s.ClusterSerializer
     filterset_fields = ["kind", "name"]
+    audit_hidden = {"kube_secret_encrypted": "kube_secret"}
+
+    @extend_schema(request=None, responses=s.ConnectionResultSerializer)
+    @action(detail=True, methods=["post"], url_path="test-connection",
+            serializer_class=s.ConnectionResultSerializer, filter_backends=[])
+    def test_connection(self, request: Request, pk: str | None = None) -> Response:
+        """Ask the cluster's API server for its version and list its nodes with the cluster's
+        credentials (platform admin). Always 200 for a kubernetes cluster: a failed connection
+        is ``ok: false`` with the reason (401, RBAC, TLS, unreachable), recorded on the
+        cluster as ``connection_state``. 400 on ``kind`` for another kind of cluster."""
+        result = kube_connection.test_connection(self.get_object())
+        return Response({"ok": result.ok, "detail": result.detail,
+                         "server_version": result.server_version})
+
+    @extend_schema(request=None, responses={202: s.SyncQueuedSerializer})
+    @action(detail=True, methods=["post"], serializer_class=s.SyncQueuedSerializer,
+            filter_backends=[])
+    def sync(self, request: Request, pk: str | None = None) -> Response:
+        """Queue a sync of the cluster's nodes and servers now (platform admin); follow it in
+        ``sync_state`` and ``syncs/``. 400 on ``kind`` for a cluster that is not kubernetes."""
+        cluster = self.get_object()
+        queued = kube_connection.queue_sync(cluster)
+        detail = kube_connection.sync_queued_text(cluster, queued)
+        return Response({"queued": queued, "detail": detail}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=s.ClusterSyncSerializer(many=True))
+    @action(detail=True, methods=["get"], serializer_class=s.ClusterSyncSerializer,
+            filter_backends=[])
+    def syncs(self, request: Request, pk: str | None = None) -> Response:
+        """The cluster's recent syncs, newest first: nodes and servers added, changed and
+        gone, and the errors met."""
+        cluster = self.get_object()
+        page = self.paginate_queryset(ClusterSync.objects.filter(cluster=cluster))
+        return self.get_paginated_response(s.ClusterSyncSerializer(page, many=True).data)
 
 
 class NodeFilterSet(FilterSet):
@@ -129,11 +185,17 @@ class NodeFilterSet(FilterSet):
 
 
 class NodeViewSet(AuditedFleetViewSet):
-    """Nodes. ``cluster`` is the cluster's id or name, in bodies and in the filter alike."""
+    """Nodes. ``cluster`` is the cluster's id or name, in bodies and in the filter alike.
+    A kubernetes cluster's nodes are synced from its API: read-only here (409)."""
 
     queryset = Node.objects.select_related("cluster")
     serializer_class = s.NodeSerializer
     filterset_class = NodeFilterSet
+
+    def perform_destroy(self, instance: Node) -> None:
+        if instance.synced:
+            raise s.synced_refusal(instance)
+        super().perform_destroy(instance)
 
 
 class GPUFilterSet(FilterSet):
@@ -145,11 +207,17 @@ class GPUFilterSet(FilterSet):
 
 
 class GPUViewSet(AuditedFleetViewSet):
-    """GPUs and MIG slices. ``node`` is the node's id or ``cluster/node``."""
+    """GPUs and MIG slices. ``node`` is the node's id or ``cluster/node``. Those of a synced
+    node are read-only here (409)."""
 
-    queryset = GPU.objects.select_related("node")
+    queryset = GPU.objects.select_related("node__cluster")
     serializer_class = s.GPUSerializer
     filterset_class = GPUFilterSet
+
+    def perform_destroy(self, instance: GPU) -> None:
+        if instance.node.synced:
+            raise s.synced_refusal(instance.node)
+        super().perform_destroy(instance)
 
 
 class ServerFilterSet(InferenceServerFilter):

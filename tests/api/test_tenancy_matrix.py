@@ -24,6 +24,7 @@ from django.urls import get_resolver
 from rest_framework.test import APIClient
 
 from fleet import health, tokens, webhooks
+from fleet.adapters import kube_workloads as kw
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
 from fleet.models import (
@@ -38,7 +39,7 @@ from fleet.models import (
     Webhook,
     WebhookDelivery,
 )
-from rollouts import approvals
+from rollouts import approvals, workload_specs, workloads
 from rollouts.api.urls import router as rollouts_router
 from rollouts.models import (
     Alias,
@@ -50,6 +51,7 @@ from rollouts.models import (
     Rollout,
     Route,
     RouteRevision,
+    ServerWorkload,
 )
 from tests.api.benchmark_rows import finished_job, queued_job
 from tests.factories import (
@@ -66,6 +68,8 @@ from tests.factories import (
 )
 from tests.fixtures.route_nginx import nginx_static_router
 
+A100 = {kw.PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}
+A100_CLASS = "nvidia-a100-80gb"  # the device class of a whole GPU of that product
 ANONYMOUS = "anonymous"
 LONER = "loner"  # authenticated, member of no tenant
 OTHER = "charlie"  # admin of tenant B: the highest role, so every refusal is tenancy's
@@ -88,9 +92,13 @@ def fake_probes(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def no_broker(monkeypatch):
-    """A benchmark asked for or cancelled is enqueued for the reconciler: kept here."""
-    sent: list[int] = []
+    """What would go to the broker is kept here: a benchmark or a server workload handed to
+    its reconciler (by id), a cluster sync asked for (("sync", cluster id, full))."""
+    sent: list[Any] = []
     monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", sent.append)
+    monkeypatch.setattr("fleet.tasks.sync_kube_cluster.delay",
+                        lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
     return sent
 
 
@@ -123,6 +131,11 @@ class World:
     @cached_property
     def cluster(self) -> Cluster:
         return ClusterFactory(name="cluster-1")
+
+    @cached_property
+    def kube_cluster(self) -> Cluster:
+        # In-cluster access outside a pod: its connection test fails at once, offline.
+        return ClusterFactory(name="kube-1", kind=Cluster.Kind.KUBERNETES, kube_auth="in-cluster")
 
     @cached_property
     def node(self) -> Node:
@@ -343,6 +356,82 @@ class World:
         return finished_job(self.served_a, self.version_a, configs=[
             {"instance_group": [{"count": n, "kind": "KIND_CPU"}]} for n in (1, 2)])
 
+    # --- servers on Kubernetes: workloads written by the domain (quota admitted), made ready
+    # as the reconciler would leave them; the reconciler is not run, so no request here ever
+    # reaches a Kubernetes API
+    @cached_property
+    def gpu_quota_a(self) -> Quota:
+        return QuotaFactory(tenant=self.tenant_a, device_class=A100_CLASS, units=8,
+                            memory_mib=8 * 81920)
+
+    @cached_property
+    def gpu_quota_b(self) -> Quota:
+        return QuotaFactory(tenant=self.tenant_b, device_class=A100_CLASS, units=8,
+                            memory_mib=8 * 81920)
+
+    def _kube_deployment(self, tenant: Tenant, name: str, runtime: str) -> Deployment:
+        """A deployment of a model of its own (v1 and v2, one GPU each) on the Kubernetes
+        cluster, with the tenant's A100 quota; vLLM versions name their weights by label."""
+        _ = self.gpu_quota_a if tenant == self.tenant_a else self.gpu_quota_b
+        model = ModelFactory(tenant=tenant, name=name)
+        for number in (1, 2):
+            vllm = runtime == ModelVersion.Runtime.VLLM
+            ModelVersionFactory(
+                model=model, version=number, runtime=runtime, backend="" if vllm else "python",
+                gpus=1, estimated_gpu_memory_mib=20480,
+                labels={workload_specs.VLLM_MODEL_LABEL: f"meta-llama/Llama-3.{number}-8B-Instruct"}
+                if vllm else {},
+            )
+        return DeploymentFactory(model=model, cluster=self.kube_cluster, name=name)
+
+    @cached_property
+    def kube_deployment_a(self) -> Deployment:
+        return self._kube_deployment(self.tenant_a, "scorer-a", ModelVersion.Runtime.TRITON)
+
+    @cached_property
+    def kube_deployment_b(self) -> Deployment:
+        return self._kube_deployment(self.tenant_b, "scorer-b", ModelVersion.Runtime.TRITON)
+
+    @cached_property
+    def vllm_deployment_a(self) -> Deployment:
+        return self._kube_deployment(self.tenant_a, "chat-a", ModelVersion.Runtime.VLLM)
+
+    def _workload(self, deployment: Deployment, name: str, *, ready: bool = True) -> ServerWorkload:
+        """v1 of the deployment's model on one A100, asked for through the domain; ``ready``:
+        as the reconciler leaves it once the pods are up (the manifest it applied kept)."""
+        actor = self.persona("dave" if deployment.tenant == self.tenant_a else OTHER)
+        version = deployment.model.versions.get(version=1)
+        triton = version.runtime == ModelVersion.Runtime.TRITON
+        workload, _ = workloads.create_workload(
+            deployment, version, actor, name=name, node_selector=A100,
+            model_repository="s3://models/x" if triton else "",
+        )
+        if ready:
+            ServerWorkload.objects.filter(pk=workload.pk).update(
+                state=ServerWorkload.State.READY, detail="seed: every replica available",
+                applied_spec=kw.deployment_manifest(workload_specs.server_spec(workload)),
+                observed={"replicas": 1, "updated": 1, "ready": 1, "available": 1},
+            )
+        return fresh(workload)
+
+    @cached_property
+    def workload_a(self) -> ServerWorkload:
+        return self._workload(self.kube_deployment_a, "triton-a")
+
+    @cached_property
+    def workload_b(self) -> ServerWorkload:
+        return self._workload(self.kube_deployment_b, "triton-b")
+
+    @cached_property
+    def vllm_workload_a(self) -> ServerWorkload:
+        """A vLLM server running v1 of chat-a, so it can be rolled to v2."""
+        return self._workload(self.vllm_deployment_a, "vllm-a")
+
+    @cached_property
+    def pending_workload_a(self) -> ServerWorkload:
+        """Asked for and not applied yet: in flight."""
+        return self._workload(self.kube_deployment_a, "triton-pending", ready=False)
+
 
 @pytest.fixture
 def world(request, db) -> World:
@@ -522,6 +611,17 @@ OPS: list[Op] = [
     Op("server", "check", "POST", "servers/{server}/check/", InferenceServer, "bob", 200,
        scope="fleet", done=lambda w, body: body["health"] == "unreachable"
        and fresh(w.server).last_checked_at is not None),
+    # Kubernetes clusters: any member reads the sync history; platform admins test and sync.
+    Op("cluster", "syncs", "GET", "clusters/{cluster}/syncs/", Cluster, "bob", 200,
+       scope="fleet"),
+    Op("cluster", "test_connection", "POST", "clusters/{kube_cluster}/test-connection/", Cluster,
+       "root", 200, scope="fleet", writer="platform",
+       done=lambda w, body: body["ok"] is False
+       and fresh(w.kube_cluster).connection_state == "failed"),
+    Op("cluster", "sync", "POST", "clusters/{kube_cluster}/sync/", Cluster, "root", 202,
+       scope="fleet", writer="platform",
+       done=lambda w, body: w.request.getfixturevalue("no_broker")
+       == [("sync", w.kube_cluster.pk, True)]),
     *read_ops("auditevent", "audit-events", AuditEvent, ("audit_a", "audit_b")),
     # Webhooks: members read them (never the secret, only its prefix); admins write and test.
     Op("webhook", "list", "GET", "webhooks/", Webhook, "bob", 200, rows=("webhook_a", "webhook_b"),
@@ -692,6 +792,27 @@ OPS: list[Op] = [
        payload=lambda w: {"a": w.sweep_a.pk, "b": w.benchmark_a.pk},
        done=lambda w, body: (body["a"]["id"], body["b"]["id"]) == (w.sweep_a.pk,
                                                                    w.benchmark_a.pk)),
+    # --- servers on Kubernetes (scale, roll and delete are carried out by the reconciler: 202)
+    *read_ops("workload", "workloads", ServerWorkload, ("workload_a", "workload_b")),
+    Op("workload", "create", "POST", "workloads/", ServerWorkload, "dave", 201, writer="role",
+       role="deployer", below=("bob",), field="deployment",
+       payload=lambda w: {"deployment": w.kube_deployment_a.pk, "version": 1,
+                          "name": "triton-new", "node_selector": A100,
+                          "model_repository": "s3://models/x"},
+       done=lambda w, body: ServerWorkload.objects.filter(
+           pk=body["id"], deployment=w.kube_deployment_a, state="pending",
+           placement__device_class=A100_CLASS).exists()),
+    Op("workload", "scale", "POST", "workloads/{workload_a}/scale/", ServerWorkload, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {"replicas": 2},
+       done=lambda w, body: (fresh(w.workload_a).replicas, fresh(w.workload_a).state)
+       == (2, "applying")),
+    Op("workload", "roll", "POST", "workloads/{vllm_workload_a}/roll/", ServerWorkload, "dave",
+       202, writer="role", role="deployer", below=("bob",), payload=lambda w: {"version": 2},
+       done=lambda w, body: (body["version"], body["previous_version"], body["state"])
+       == (2, 1, "applying")),
+    Op("workload", "destroy", "DELETE", "workloads/{workload_a}/", ServerWorkload, "dave", 202,
+       writer="role", role="deployer", below=("bob",),
+       done=lambda w, body: fresh(w.workload_a).state == "deleting"),
     # Deleting a deployment needs the admin role: deployers create and edit only.
     Op("deployment", "destroy", "DELETE", "deployments/{deployment_a}/", Deployment, "alice", 204,
        writer="role", role="admin", below=("erin", "dave", "bob"),

@@ -109,7 +109,9 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
         distinct = sorted(set(progress_seen))
         assert len(distinct) >= 4, distinct
         assert progress_seen == sorted(progress_seen) or max(progress_seen) > progress_seen[0]
-        assert 0 < max(distinct) < 100
+        # Values between, not a jump to the end (the bar may read 100 already when the job
+        # finished between reading its row and reading the page).
+        assert len([p for p in distinct if 0 < p < 100]) >= 3, distinct
         assert max(points_seen) >= 3, points_seen
         assert {"Loading", "Running"} <= set(states_seen), set(states_seen)
 

@@ -7,9 +7,15 @@ anonymous browser. What each gets:
 - anonymous: a redirect to the login page that comes back here; an htmx request instead gets
   401 with ``HX-Redirect`` to that page, so a polling partial never swaps the login form in;
 - too low a role in tenant A: 403 with a page naming the role needed, and nothing changed;
+- pages for platform admins only (``role=PLATFORM``: adding, editing, testing and syncing
+  clusters): root gets them; every tenant role, tenant B's admin included, gets 403 saying
+  only platform admins may change this; the loner gets 404 where the URL names a cluster
+  (no cluster is shown to someone of no tenant) and 403 where it names none;
 - tenant A's objects seen from tenant B (or from no tenant): 404; lists: 200 without them.
   Fleet objects (servers, clusters) are shared by every member, so charlie sees them;
-- enough of a role: 200 (a POST: 302 back to the page) and the action really happened.
+- enough of a role: 200 (a POST: 302 back to the page) and the action really happened. A
+  polling partial with nothing left to follow answers 286 (htmx stops polling) instead; a
+  page that does not apply to its object answers 404 to everyone (``ok=(404,)``).
 
 The matrix is checked against the URL resolver, so a console URL without an entry here
 fails ``test_the_matrix_covers_every_console_url``.
@@ -39,8 +45,21 @@ from fleet.models import (
     WebhookDelivery,
 )
 from rollouts import approvals
-from rollouts.forms import BenchmarkActionForm, RolloutActionForm, VersionActionForm
-from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion, Rollout, Route
+from rollouts.forms import (
+    BenchmarkActionForm,
+    RolloutActionForm,
+    VersionActionForm,
+    WorkloadActionForm,
+)
+from rollouts.models import (
+    BenchmarkJob,
+    Deployment,
+    ModelLoad,
+    ModelVersion,
+    Rollout,
+    Route,
+    ServerWorkload,
+)
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory
@@ -50,10 +69,11 @@ ANONYMOUS = "anonymous"
 LONER = "loner"  # logged in, member of no tenant
 OTHER = "charlie"  # admin of tenant B: the highest role, so every refusal is tenancy's
 ROOT = "root"  # platform admin
+PLATFORM = "platform"  # a Page's role when only platform admins may call it
 TENANT_A = {"bob": Role.VIEWER, "dave": Role.DEPLOYER, "erin": Role.APPROVER, "alice": Role.ADMIN}
 PERSONAS = [ANONYMOUS, *TENANT_A, ROOT, OTHER, LONER]
 # URLs outside the console: the API has its own matrix (tests/api/test_tenancy_matrix.py).
-NOT_CONSOLE = ("api/", "admin/", "static/")
+NOT_CONSOLE = ("api/", "admin/", "static/", "metrics")
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +89,17 @@ def fake_probes(monkeypatch):
         return ServerProbe(ready=False, live=False, error=f"connection refused at {http_url}")
 
     monkeypatch.setattr(health, "PROBES", dict.fromkeys(InferenceServer.Runtime, probe))
+
+
+@pytest.fixture(autouse=True)
+def queued(monkeypatch):
+    """What would go to the broker: a server workload handed to its reconciler (its id), a
+    cluster sync asked for (("sync", cluster id, full))."""
+    sent: list[Any] = []
+    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", sent.append)
+    monkeypatch.setattr("fleet.tasks.sync_kube_cluster.delay",
+                        lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
+    return sent
 
 
 class World(ApiWorld):
@@ -187,6 +218,18 @@ class World(ApiWorld):
         _ = self.quota_a, self.version_a
         return self.served_a
 
+    # --- servers on Kubernetes
+    @cached_property
+    def workloads_a(self) -> Deployment:
+        """Tenant A's deployment on the Kubernetes cluster with a server ready (nothing in
+        flight)."""
+        return self.workload_a.deployment
+
+    @cached_property
+    def busy_a(self) -> Deployment:
+        """The same deployment with a server asked for and not applied yet (in flight)."""
+        return self.pending_workload_a.deployment
+
 
 @pytest.fixture
 def world(request, db) -> World:
@@ -199,8 +242,10 @@ class Page:
 
     ``scope``: "tenant" (tenant A's object: 404 from elsewhere), "list" (200 for everyone,
     with only the caller's rows), "fleet" (shared: any member, 404 for the loner) or "login".
-    ``role``: the tenant role the call needs (None: any member reads it). ``rows``: for lists,
-    text only tenant A's and only tenant B's rows show, and the role needed to see them.
+    ``role``: the tenant role the call needs (None: any member reads it; PLATFORM: platform
+    admins only). ``ok``: what a caller who is allowed gets (the first: what is expected).
+    ``rows``: for lists, text only tenant A's and only tenant B's rows show, and the role needed
+    to see them.
     """
 
     name: str
@@ -237,6 +282,11 @@ class Page:
             return 200 if persona == ANONYMOUS and self.method == "GET" else 302
         if persona == ANONYMOUS:
             return "login"
+        if self.role == PLATFORM:
+            if persona == ROOT:
+                return self.ok[0]
+            # The cluster is looked up first: someone of no tenant sees none.
+            return 404 if persona == LONER and self.target else 403
         below = persona in TENANT_A and self.role is not None
         if below and Membership.rank(TENANT_A[persona]) < Membership.rank(self.role):
             return 403
@@ -276,6 +326,26 @@ PAGES: list[Page] = [
     # Probing a server is open to any member: it refreshes observed health, typed in by no one.
     Page("fleet:server-check", "server", scope="fleet", method="POST", htmx=True,
          done=lambda w, p: fresh(w.server).last_checked_at is not None),
+    # --- clusters: shared pages any member reads; adding, editing, testing and syncing them
+    # is for platform admins. A static cluster has no sync: its live part stops polling (286).
+    Page("fleet:cluster", "cluster", scope="fleet"),
+    Page("fleet:cluster", "kube_cluster", "kube", scope="fleet"),
+    Page("fleet:cluster-live", "cluster", scope="fleet", htmx=True, ok=(286,)),
+    Page("fleet:cluster-live", "kube_cluster", "kube", scope="fleet", htmx=True),
+    Page("fleet:cluster-create", role=PLATFORM),
+    Page("fleet:cluster-create", method="POST", role=PLATFORM, ok=(302,),
+         data=lambda w: {"name": "gpu-west", "kind": "static"},
+         done=lambda w, p: Cluster.objects.filter(name="gpu-west", kind="static").exists()),
+    Page("fleet:cluster-edit", "cluster", role=PLATFORM),
+    Page("fleet:cluster-edit", "cluster", method="POST", role=PLATFORM, ok=(302,),
+         data=lambda w: {"name": "cluster-1", "kind": "static", "description": "changed"},
+         done=lambda w, p: fresh(w.cluster).description == "changed"),
+    # In-cluster access outside a pod: the test fails at once, offline, and says so.
+    Page("fleet:cluster-test", "kube_cluster", method="POST", role=PLATFORM, ok=(302,),
+         done=lambda w, p: fresh(w.kube_cluster).connection_state == "failed"),
+    Page("fleet:cluster-sync", "kube_cluster", method="POST", role=PLATFORM, ok=(302,),
+         done=lambda w, p: w.request.getfixturevalue("queued")
+         == [("sync", w.kube_cluster.pk, True)]),
     Page("fleet:quotas", scope="list", rows=("tenant-a", "tenant-b"), setup=("quota_a", "quota_b")),
     Page("fleet:quotas", scope="list", htmx=True, rows=("tenant-a", "tenant-b"),
          setup=("quota_a", "quota_b")),
@@ -327,6 +397,8 @@ PAGES: list[Page] = [
          setup=("deployment_a", "deployment_b")),
     Page("rollouts:deployment", "deployment_a"),
     Page("rollouts:deployment-loads", "loading_a", htmx=True),
+    Page("rollouts:deployment-replicas", "deployment_a", htmx=True),
+    Page("rollouts:deployment-replicas", "deployment_a"),
     Page("rollouts:deployment-load", "served_a", "load", method="POST", role=Role.DEPLOYER, ok=(302,),
          data=lambda w: {"action": "load", "version": w.version_a.pk},
          done=lambda w, p: ModelLoad.objects.filter(
@@ -335,6 +407,34 @@ PAGES: list[Page] = [
          ok=(302,), setup=("ready_a",),
          data=lambda w: {"action": "unload", "version": w.version_a.pk},
          done=lambda w, p: fresh(w.ready_a).state == ModelLoad.State.UNLOADING),
+    # --- servers on Kubernetes: the deployment's panel (polling while a server is in flight,
+    # 286 once none is; a deployment on another kind of cluster has none), its create form and
+    # a server's actions
+    Page("rollouts:deployment", "workloads_a", "kube"),
+    Page("rollouts:deployment-workloads", "workloads_a"),
+    Page("rollouts:deployment-workloads", "workloads_a", htmx=True, ok=(286,)),
+    Page("rollouts:deployment-workloads", "busy_a", "busy", htmx=True),
+    Page("rollouts:deployment-workloads", "deployment_a", "static", ok=(404,)),
+    Page("rollouts:deployment-workload-create", "kube_deployment_a", method="POST",
+         role=Role.DEPLOYER, ok=(302,),
+         data=lambda w: {"name": "triton-new", "version": w.kube_deployment_a.model.versions
+                         .get(version=1).pk, "replicas": "1", "gpu_resource": "nvidia.com/gpu",
+                         "gpu_product": "NVIDIA-A100-SXM4-80GB",
+                         "model_repository": "s3://models/x"},
+         done=lambda w, p: ServerWorkload.objects.filter(
+             deployment=w.kube_deployment_a, name="triton-new", state="pending").exists()),
+    Page("rollouts:workload-action", "workload_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "scale"}, ok=(302,), data=lambda w: {"replicas": "2"},
+         done=lambda w, p: (fresh(w.workload_a).replicas, fresh(w.workload_a).state)
+         == (2, "applying")),
+    Page("rollouts:workload-action", "vllm_workload_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "roll"}, ok=(302,),
+         data=lambda w: {"version": w.vllm_deployment_a.model.versions.get(version=2).pk},
+         done=lambda w, p: (fresh(w.vllm_workload_a).version.version,
+                            fresh(w.vllm_workload_a).previous_version.version) == (2, 1)),
+    Page("rollouts:workload-action", "workload_a", method="POST", role=Role.DEPLOYER,
+         kwargs={"action": "delete"}, ok=(302,),
+         done=lambda w, p: fresh(w.workload_a).state == "deleting"),
     # --- traffic routes: the page with its Traffic panel; changes go to the real nginx
     Page("rollouts:deployment", "route_a", "routed"),
     Page("rollouts:deployment-route-split", "route_a", htmx=True),
@@ -437,6 +537,8 @@ def test_the_matrix_covers_every_console_url():
     assert actions == set(RolloutActionForm.ACTIONS)
     actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:benchmark-action"}
     assert actions == set(BenchmarkActionForm.ACTIONS)
+    actions = {page.kwargs["action"] for page in PAGES if page.name == "rollouts:workload-action"}
+    assert actions == set(WorkloadActionForm.ACTIONS)
     ids = [page.id for page in PAGES]
     assert len(ids) == len(set(ids)), "a page is listed twice"
 
@@ -456,6 +558,11 @@ def state(world: World) -> tuple[Any, ...]:
                                                          "attempt")),
         list(BenchmarkJob.objects.order_by("pk").values_list("pk", "state",
                                                               "cancel_requested_by")),
+        list(ServerWorkload.objects.order_by("pk").values_list("pk", "state", "replicas",
+                                                                "version_id")),
+        list(Cluster.objects.order_by("pk").values_list("pk", "name", "description",
+                                                         "connection_state")),
+        list(world.request.getfixturevalue("queued")),
     )
 
 
@@ -500,7 +607,9 @@ def test_console_tenancy(world, page, persona, expected):
     else:
         assert response.status_code == expected, body
     if expected == 403:
-        assert f"this needs the {page.role} role in the tenant" in body
+        needed = ("only platform admins may change this" if page.role == PLATFORM
+                  else f"this needs the {page.role} role in the tenant")
+        assert needed in body
         assert state(world) == before
     elif expected == 404:
         assert "tenant-a" not in body
