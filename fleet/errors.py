@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+
 
 class DomainError(Exception):
     """A refusal the caller can act on. ``field`` names the input at fault, when there is one."""
@@ -29,3 +31,22 @@ class QuotaExceeded(DomainError):
     """Admission refused: names the resource, what was asked and what is left."""
 
     status_code = 409
+
+
+def messages_by_field(exc: ValidationError) -> dict[str, list[str]]:
+    """A model's ValidationError as messages by field, the way the API and the console show
+    them: a unique-together clash is put on its last field (the one the caller chose, e.g.
+    ``name`` in (tenant, name)) instead of ``__all__``; errors of no field stay under
+    ``NON_FIELD_ERRORS``."""
+    if not hasattr(exc, "error_dict"):
+        return {NON_FIELD_ERRORS: exc.messages}
+    named: dict[str, list[str]] = {}
+    for field, errors in exc.error_dict.items():
+        for error in errors:
+            key = field
+            unique = error.code in ("unique", "unique_together")
+            check = (error.params or {}).get("unique_check") if unique else None
+            if field == NON_FIELD_ERRORS and check:
+                key = check[-1]
+            named.setdefault(key, []).extend(error.messages)
+    return named

@@ -120,3 +120,33 @@ def reject(actor: Any, version: ModelVersion, reason: str) -> ModelVersion:
 def archive(actor: Any, version: ModelVersion, reason: str = "") -> ModelVersion:
     require_role(actor, version.model.tenant, Membership.Role.APPROVER)
     return _transition(actor, version, Status.ARCHIVED, "archived", reason)
+
+
+# What an approver compares: everything a version states, but its number.
+COMPARED_FIELDS = [
+    "artifact_uri", "sha256", "size_bytes", "runtime", "backend", "gpus",
+    "estimated_gpu_memory_mib", "adapter_of", "git_sha", "training_run",
+]
+
+
+def changes_from_previous(version: ModelVersion) -> tuple[ModelVersion | None, list[dict[str, Any]]]:
+    """The version before this one (the highest lower number) and what differs from it, one
+    row per field: ``{"field", "before", "after"}``; Triton config and labels are compared key
+    by key (``triton_config.max_batch_size``), so a reviewer sees what moved, not two blobs."""
+    previous = (
+        ModelVersion.objects.filter(model_id=version.model_id, version__lt=version.version)
+        .order_by("-version").first()
+    )
+    if previous is None:
+        return None, []
+    rows = [
+        {"field": name, "before": getattr(previous, name), "after": getattr(version, name)}
+        for name in COMPARED_FIELDS if getattr(previous, name) != getattr(version, name)
+    ]
+    for name in ("triton_config", "labels"):
+        before, after = getattr(previous, name) or {}, getattr(version, name) or {}
+        rows += [
+            {"field": f"{name}.{key}", "before": before.get(key), "after": after.get(key)}
+            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)
+        ]
+    return previous, rows

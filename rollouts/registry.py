@@ -10,7 +10,7 @@ from fleet import audit
 from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant
 from fleet.tenancy import require_role, token_of
-from rollouts.models import Alias, Model, ModelVersion
+from rollouts.models import Alias, Model, ModelLoad, ModelVersion
 
 VERSION_FIELDS = [
     "version",
@@ -151,3 +151,38 @@ def delete_alias(actor: Any, alias: Alias, reason: str = "") -> None:
         reason=reason,
     )
     alias.delete()
+
+
+GUARDED_ALIASES = ("production",)
+
+
+def alias_concerns(name: str, version: ModelVersion) -> list[str]:
+    """Why pointing the alias ``name`` at ``version`` deserves a second look, in words: it is
+    not approved, its last load failed, or it runs nowhere. Only the production alias is
+    guarded; the console asks for confirmation when this is not empty."""
+    if name not in GUARDED_ALIASES:
+        return []
+    concerns: list[str] = []
+    label = f"v{version.version}"
+    if version.status != ModelVersion.Status.APPROVED:
+        concerns.append(f"{label} is {version.get_status_display().lower()}, not approved")
+    latest = version.loads.select_related("server").order_by("-created_at", "-id").first()
+    if latest is not None and latest.state in (ModelLoad.State.FAILED, ModelLoad.State.LOST):
+        what = "failed" if latest.state == ModelLoad.State.FAILED else "was lost from the server"
+        error = f": {latest.error}" if latest.error else ""
+        concerns.append(f"its last load, on {latest.server.name}, {what}{error}")
+    if not version.loads.filter(state=ModelLoad.State.READY).exists():
+        unloaded = version.loads.filter(state=ModelLoad.State.UNLOADED).exists()
+        concerns.append(f"{label} was unloaded and runs on no server" if unloaded
+                        else f"{label} is not loaded on any server")
+    return concerns
+
+
+def failed_version_ids(versions: Any) -> set[int]:
+    """The ids of those of ``versions`` whose most recent load failed or was lost."""
+    latest: dict[int, str] = {}
+    rows = ModelLoad.objects.filter(version__in=versions).order_by("version_id", "-created_at", "-id")
+    for version_id, state in rows.values_list("version_id", "state"):
+        latest.setdefault(version_id, state)
+    return {pk for pk, state in latest.items()
+            if state in (ModelLoad.State.FAILED, ModelLoad.State.LOST)}

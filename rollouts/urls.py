@@ -1,15 +1,29 @@
 from django.urls import path
 
-from rollouts import autoscaling_views, benchmark_views, rollout_views, views, workload_views
+from rollouts import (
+    autoscaling_views,
+    benchmark_views,
+    registry_views,
+    rollout_views,
+    views,
+    workload_views,
+)
 
 app_name = "rollouts"
 urlpatterns = [
     path("", views.model_list, name="models"),
+    path("models/new/", registry_views.model_create, name="model-create"),
     path("models/<int:pk>/", views.model_detail, name="model"),
+    path("models/<int:pk>/edit/", registry_views.model_edit, name="model-edit"),
+    path("models/<int:pk>/versions/new/", registry_views.version_create, name="version-create"),
+    path("models/<int:pk>/aliases/", registry_views.alias_set, name="alias-set"),
+    path("approvals/", registry_views.approval_queue, name="approvals"),
     path("versions/<int:pk>/", views.version_detail, name="version"),
     path("versions/<int:pk>/<slug:action>/", views.version_action, name="version-action"),
     path("deployments/", views.deployment_list, name="deployments"),
+    path("deployments/new/", registry_views.deployment_create, name="deployment-create"),
     path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
+    path("deployments/<int:pk>/edit/", registry_views.deployment_edit, name="deployment-edit"),
     path("deployments/<int:pk>/loads/", views.deployment_loads, name="deployment-loads"),
     path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
     path("deployments/<int:pk>/delete/", views.deployment_delete, name="deployment-delete"),
@@ -32,6 +46,7 @@ urlpatterns = [
          name="deployment-workload-create"),
     path("workloads/<int:pk>/<slug:action>/", workload_views.workload_action,
          name="workload-action"),
+    path("loads/", registry_views.load_list, name="loads"),
     path("loads/<int:pk>/", views.load_detail, name="load"),
     path("rollouts/", rollout_views.rollout_list, name="rollouts"),
     path("rollouts/<int:pk>/", rollout_views.rollout_detail, name="rollout"),

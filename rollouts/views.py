@@ -18,7 +18,7 @@ from console.paging import paginate, querystring_without_page
 from fleet.models import AuditEvent, InferenceServer, Membership, Placement, Tenant
 from fleet.tenancy import has_role, require_role
 from fleet.visibility import reported_models
-from rollouts import approvals, deployments, routes, samples
+from rollouts import approvals, deployments, registry, routes, samples
 from rollouts.benchmark_views import (
     deployment_benchmarks_context,
     start_benchmark,
@@ -35,6 +35,7 @@ from rollouts.forms import (
     VersionActionForm,
 )
 from rollouts.models import Deployment, Model, ModelLoad, ModelVersion, Route
+from rollouts.registry_forms import AliasForm
 from rollouts.rollout_views import deployment_rollouts_context, start_rollout
 
 TRAFFIC_WINDOW_S = 60  # the Traffic panel's measured split covers the last minute
@@ -72,14 +73,21 @@ def model_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(Model.objects.visible_to(request.user).select_related("tenant"), pk=pk)
+    return render_model(request, model)
+
+
+def render_model(request: HttpRequest, model: Model, alias_form: AliasForm | None = None,
+                 status: int = 200) -> HttpResponse:
+    """A model's page; ``alias_form`` is a refused alias change, shown with its errors."""
     versions = model.versions.select_related("registered_by", "registered_by_token").prefetch_related("aliases")
-    status = request.GET.get("status", "")
-    if status:
-        versions = versions.filter(status=status)
+    version_status = request.GET.get("status", "")
+    if version_status:
+        versions = versions.filter(status=version_status)
+    can_deploy = has_role(request.user, model.tenant, Membership.Role.DEPLOYER)
     context = {
         "model": model,
         "page": paginate(request, versions),
-        "status": status,
+        "status": version_status,
         "statuses": ModelVersion.Status.choices,
         "aliases": model.aliases.select_related("version"),
         "deployments": model.deployments.filter(archived_at__isnull=True).select_related("cluster"),
@@ -87,9 +95,12 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
             model_version__model=model, state__in=Placement.HOLDING
         ).select_related("server", "model_version"),
         "qs": querystring_without_page(request),
+        "can_deploy": can_deploy,
+        "alias_form": alias_form or (
+            AliasForm(actor=request.user, model=model) if can_deploy else None),
     }
     template = "rollouts/model_detail.html#versions" if request.htmx else "rollouts/model_detail.html"
-    return render(request, template, context)
+    return render(request, template, context, status=status)
 
 
 def _version(request: HttpRequest, pk: int) -> ModelVersion:
@@ -255,6 +266,10 @@ def _render_deployment(
     )
     if deployment.production:
         loadable = loadable.filter(status=ModelVersion.Status.APPROVED)
+    loadable = list(loadable.order_by("-version").prefetch_related("aliases"))
+    failed = registry.failed_version_ids(loadable)
+    for version in loadable:
+        version.last_load_failed = version.pk in failed
     can_deploy = has_role(request.user, deployment.tenant, Membership.Role.DEPLOYER) and (
         not deployment.is_archived
     )
@@ -271,6 +286,7 @@ def _render_deployment(
         "load_servers": [s for s in servers if s.source != InferenceServer.Source.MANAGED],
         "aliases": deployment.model.aliases.select_related("version"),
         "loadable": loadable,
+        "default_load": _default_load(loadable),
         "can_deploy": can_deploy,
         "can_delete": has_role(request.user, deployment.tenant, Membership.Role.ADMIN)
         and not deployment.is_archived,
@@ -284,6 +300,16 @@ def _render_deployment(
         deployment_rollouts_context(request, deployment, can_deploy, rollout_form)) | (
         deployment_benchmarks_context(request, deployment, can_deploy, benchmark_form))
     return render(request, "rollouts/deployment_detail.html", context, status=status)
+
+
+def _default_load(loadable: list[ModelVersion]) -> ModelVersion | None:
+    """The version the load form offers first: the production alias's, else the newest, but
+    never one whose last load failed while another is there to offer."""
+    healthy = [v for v in loadable if not v.last_load_failed]
+    for version in healthy:
+        if any(a.name == routes.PRODUCTION_ALIAS for a in version.aliases.all()):
+            return version
+    return (healthy or loadable or [None])[0]
 
 
 @login_required

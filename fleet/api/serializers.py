@@ -6,7 +6,6 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -16,7 +15,7 @@ from rest_framework.utils import html
 
 from fleet import kube_connection
 from fleet.api.refs import IdOrNameField, NodeField, NotFound, lookup_node
-from fleet.errors import Conflict
+from fleet.errors import Conflict, messages_by_field
 from fleet.models import (
     GPU,
     APIToken,
@@ -96,23 +95,8 @@ class ValidatedModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
         try:
             instance.full_clean(exclude=exclude, validate_unique=True)
         except DjangoValidationError as exc:
-            raise serializers.ValidationError(_name_fields(exc)) from None
+            raise serializers.ValidationError(messages_by_field(exc)) from None
         return attrs
-
-
-def _name_fields(exc: DjangoValidationError) -> dict[str, list[str]]:
-    """Model errors keyed by field; a unique-together clash is put on its last field (the one
-    the caller chose, e.g. ``name`` in (tenant, name)) instead of ``__all__``."""
-    named: dict[str, list[str]] = {}
-    for field, errors in exc.error_dict.items():
-        for error in errors:
-            key = field
-            unique = error.code in ("unique", "unique_together")
-            check = (error.params or {}).get("unique_check") if unique else None
-            if field == NON_FIELD_ERRORS and check:
-                key = check[-1]
-            named.setdefault(key, []).extend(error.messages)
-    return named
 
 
 @extend_schema_field({
