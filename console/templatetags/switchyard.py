@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 
 from django import template
+from django.urls import ResolverMatch
 from django.utils import timezone
 
 register = template.Library()
@@ -72,3 +73,32 @@ def verb(value: str) -> str:
 def as_json(value: object) -> str:
     """Indented JSON, for showing configs as users write them."""
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+def nav_section(match: ResolverMatch | None) -> str:
+    """The top navigation item a page belongs to ("" for none): a load, a workload or any
+    action of a deployment is under Deployments, a version or an alias under Registry."""
+    if match is None:
+        return ""
+    namespace, name = match.namespace, match.url_name or ""
+    if namespace == "console":
+        return "audit" if name == "audit" else "dashboard"
+    if namespace == "fleet":
+        for prefix, section in (("quota", "quotas"), ("token", "tokens"), ("webhook", "webhooks")):
+            if name.startswith(prefix):
+                return section
+        return "fleet"
+    if namespace == "rollouts":
+        for prefixes, section in ((("deployment", "load", "workload"), "deployments"),
+                                  (("rollout",), "rollouts"), (("benchmark",), "benchmarks")):
+            if name.startswith(prefixes):
+                return section
+        return "registry"
+    return ""
+
+
+@register.simple_tag(takes_context=True)
+def current_section(context: template.Context) -> str:
+    """``{% current_section as section %}``: :func:`nav_section` of the page being rendered."""
+    request = context.get("request")
+    return nav_section(getattr(request, "resolver_match", None))
