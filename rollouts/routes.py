@@ -45,9 +45,7 @@ traffic (or receives mirrored copies), or any version while a change is being ap
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -71,7 +69,6 @@ from fleet.adapters.routers.base import (
     Variant,
     validate_route,
 )
-from fleet.adapters.vllm import adapter_name
 from fleet.errors import Conflict, DomainError
 from fleet.models import Cluster, InferenceServer, Membership
 from fleet.routers import router_for
@@ -705,48 +702,5 @@ def check_unload(deployment: Deployment, version: ModelVersion,
 # Clients
 # --------------------------------------------------------------------------------------------
 
-# The demo fraud scorer's input, for a Triton version whose config names none.
+# The demo fraud scorer's input, as the demo's traffic generator sends it.
 DEFAULT_INPUT = {"name": "INPUT0", "shape": [3], "datatype": "FP32", "data": [0.1, 0.5, 2.0]}
-
-
-def _example_input(version: ModelVersion | None) -> dict[str, Any]:
-    inputs = (version.triton_config or {}).get("input") if version is not None else None
-    first = inputs[0] if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict) else None
-    if first is None or not isinstance(first.get("name"), str):
-        return DEFAULT_INPUT
-    dims = [d if isinstance(d, int) and d > 0 else 1 for d in first.get("dims") or [1]]
-    size = 1
-    for d in dims:
-        size *= d
-    datatype = str(first.get("data_type", "TYPE_FP32")).removeprefix("TYPE_")
-    return {"name": first["name"], "shape": dims, "datatype": datatype, "data": [0] * min(size, 16)}
-
-
-def client_example(route: Route) -> str:
-    """Shell commands that call the route as a client would (curl)."""
-    if not route.url:
-        return ""
-    deployment = route.deployment
-    model = deployment.model
-    heaviest = max(route.split(), key=lambda row: row["weight"], default=None)
-    version = None
-    if heaviest is not None and heaviest["version"] is not None:
-        version = model.versions.filter(version=heaviest["version"]).first()
-    header = (f" -H {shlex.quote(f'{route.sticky_header}: user-42')}"
-              if route.policy == Route.Policy.STICKY and route.sticky_header else "")
-    if route.protocol == KSERVE_V2:
-        body = json.dumps({"inputs": [_example_input(version)]})
-        return (
-            f"# the model's inputs and outputs\n"
-            f"curl -s {route.url}/v2/models/{model.name}\n"
-            f"# an inference\n"
-            f"curl -s {route.url}/v2/models/{model.name}/infer{header} "
-            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
-        )
-    served = model.name
-    if version is not None and version.adapter_of:
-        served = adapter_name(model.name, version.version)
-    body = json.dumps({"model": served, "messages": [{"role": "user", "content": "Hello"}],
-                       "max_tokens": 32})
-    return (f"curl -s {route.url}/v1/chat/completions{header} "
-            f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")

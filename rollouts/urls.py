@@ -25,6 +25,7 @@ urlpatterns = [
     path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
     path("deployments/<int:pk>/edit/", registry_views.deployment_edit, name="deployment-edit"),
     path("deployments/<int:pk>/loads/", views.deployment_loads, name="deployment-loads"),
+    path("deployments/<int:pk>/call/", views.deployment_call, name="deployment-call"),
     path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
     path("deployments/<int:pk>/delete/", views.deployment_delete, name="deployment-delete"),
     path("deployments/<int:pk>/route/", views.deployment_route, name="deployment-route"),

@@ -18,7 +18,7 @@ from console.paging import paginate, querystring_without_page
 from fleet.models import AuditEvent, InferenceServer, Membership, Placement, Tenant
 from fleet.tenancy import has_role, require_role
 from fleet.visibility import reported_models
-from rollouts import approvals, deployments, registry, routes, samples
+from rollouts import approvals, calling, deployments, registry, routes, samples
 from rollouts.benchmark_views import (
     deployment_benchmarks_context,
     start_benchmark,
@@ -247,7 +247,6 @@ def _traffic_context(
         "route_refusal": refused,
         "route": route,
         "route_split": split,
-        "route_example": routes.client_example(route) if route is not None else "",
         "route_revisions": route.revisions.all()[:10] if route is not None else [],
         "route_form": form if can_deploy and isinstance(form, RouteForm) else None,
         "has_router": routes.has_router(deployment.cluster),
@@ -310,6 +309,14 @@ def _default_load(loadable: list[ModelVersion]) -> ModelVersion | None:
         if any(a.name == routes.PRODUCTION_ALIAS for a in version.aliases.all()):
             return version
     return (healthy or loadable or [None])[0]
+
+
+@login_required
+def deployment_call(request: HttpRequest, pk: int) -> HttpResponse:
+    """The "How to call it" panel, loaded after the page (it may ask a server for metadata)."""
+    deployment = _deployment(request, pk)
+    return render(request, "rollouts/partials/call_guide.html",
+                  {"deployment": deployment, "guide": calling.guide(deployment)})
 
 
 @login_required

@@ -7,6 +7,7 @@ itself satisfies :class:`fleet.adapters.base.ServerProbeAdapter`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 import httpx
@@ -114,3 +115,22 @@ def probe(
     return probe_within(
         http_url, timeout, lambda base, start: _probe(base, timeout, headers, start)
     )
+
+
+def model_metadata(http_url: str, model: str, version: int | str, timeout: float = 2.0) -> dict:
+    """A loaded model version's KServe v2 metadata (``GET /v2/models/<m>/versions/<v>``):
+    its ``inputs`` and ``outputs``, each ``{"name", "datatype", "shape"}``. Raises
+    ProbeFailed with a readable reason when the server cannot say."""
+    url = f"{http_url.rstrip('/')}/v2/models/{model}/versions/{version}"
+    with httpx.Client() as client:
+        status, body = request(client, "GET", url, Deadline(timeout))
+    if status != 200:
+        try:
+            error = json.loads(body).get("error", "")
+        except (ValueError, AttributeError):
+            error = ""
+        raise ProbeFailed(f"GET {url} returned {status}{f': {error}' if error else ''}")
+    meta = parse_json(body, url)
+    if not isinstance(meta, dict):
+        raise ProbeFailed(f"GET {url} did not answer a JSON object")
+    return meta

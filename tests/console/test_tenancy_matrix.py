@@ -73,8 +73,9 @@ ROOT = "root"  # platform admin
 PLATFORM = "platform"  # a Page's role when only platform admins may call it
 TENANT_A = {"bob": Role.VIEWER, "dave": Role.DEPLOYER, "erin": Role.APPROVER, "alice": Role.ADMIN}
 PERSONAS = [ANONYMOUS, *TENANT_A, ROOT, OTHER, LONER]
-# URLs outside the console: the API has its own matrix (tests/api/test_tenancy_matrix.py).
-NOT_CONSOLE = ("api/", "admin/", "static/", "metrics")
+# URLs outside the console: the API has its own matrix (tests/api/test_tenancy_matrix.py);
+# /favicon.ico points everyone at the icon, like a static file.
+NOT_CONSOLE = ("api/", "admin/", "static/", "metrics", "favicon.ico")
 
 
 @pytest.fixture(autouse=True)
@@ -433,6 +434,7 @@ PAGES: list[Page] = [
     Page("rollouts:loads", scope="list", htmx=True, rows=("dep-a", "dep-b"),
          setup=("load_a", "load_b")),
     Page("rollouts:deployment-loads", "loading_a", htmx=True),
+    Page("rollouts:deployment-call", "deployment_a", htmx=True),
     Page("rollouts:deployment-replicas", "deployment_a", htmx=True),
     Page("rollouts:deployment-replicas", "deployment_a"),
     Page("rollouts:deployment-load", "served_a", "load", method="POST", role=Role.DEPLOYER, ok=(302,),

@@ -26,7 +26,7 @@ from fleet.adapters.routers.nginx import NginxRouter
 from fleet.adapters.routers.nginx_conf import IDENTITY_PATH
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership
 from fleet.routers import local_router_options, router_for
-from rollouts import loads, routes, samples
+from rollouts import calling, loads, routes, samples
 from rollouts.models import Alias, ModelLoad, ModelVersion, Route, RouteRevision
 from rollouts.tasks import ensure_routes
 from tests.factories import (
@@ -240,7 +240,7 @@ def test_lora_adapters_on_one_server_cannot_both_carry_weight(db, use_route_ngin
     assert route.spec["protocol"] == "openai"
     assert all(v["model"] == "" and v["version"] is None for v in route.spec["variants"])
     assert route.weights == {"v1-vllm-a": 50, "v2-vllm-a": 0, "v2-vllm-b": 50}
-    assert "support-bot-v1" in routes.client_example(route)
+    assert "support-bot-v1" in calling.guide(deployment).curl
 
 
 def test_a_cluster_without_a_router_is_refused_on_route(db, use_route_nginx, tenant_a, dave):
@@ -658,7 +658,9 @@ def test_sticky_keys_keep_their_variant_and_the_console_form_round_trips(two_ver
     route = Route.objects.get(pk=world.deployment.pk)
     assert (route.policy, route.sticky_header, route.version_weights) == (
         "sticky", "X-User", {1: 50, 2: 50})
-    assert route.url in shown and "X-User: user-42" in shown
+    assert route.url in shown
+    call = client.get(reverse("rollouts:deployment-call", args=[world.deployment.pk])).content.decode()
+    assert f"{route.url}/v2/models/{world.model.name}/infer" in call and "X-User: user-42" in call
     assert 'data-variant="v1-triton"' in shown and "A/B test" in shown
     # A key keeps its variant while the weights stay as they are.
     for user in ("alice", "bob", "carol", "dan"):
