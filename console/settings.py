@@ -420,9 +420,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"refusals_in_one_line": {"()": "console.logs.RefusalsInOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
     "loggers": {
+        # A 403 (or 400) is one line saying why; a 500 keeps its traceback.
+        "django.request": {"filters": ["refusals_in_one_line"]},
         "django.db.backends": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},  # one line per probe request is noise
     },

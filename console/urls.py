@@ -12,6 +12,7 @@ from drf_spectacular.views import (
 from rest_framework.routers import DefaultRouter
 
 from console import metrics
+from console import views as console_views
 from fleet.api.urls import router as fleet_router
 from rollouts.api.urls import router as rollouts_router
 
@@ -35,9 +36,10 @@ urlpatterns = [
         SpectacularRedocView.as_view(url_name="api-schema")), name="api-redoc"),
     path("admin/", admin.site.urls),
     path("metrics", metrics.metrics, name="metrics"),
+    path("favicon.ico", console_views.favicon, name="favicon"),
 ]
 
-# Errors raised outside DRF's views: JSON under /api/, the usual pages elsewhere.
+# Errors raised outside DRF's views: JSON under /api/, console pages elsewhere.
 handler400 = "console.errors.bad_request"
 handler403 = "console.errors.permission_denied"
 handler404 = "console.errors.page_not_found"

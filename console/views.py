@@ -1,11 +1,13 @@
-"""Cross-app console pages: the dashboard and the audit log."""
+"""Cross-app console pages: the dashboard and the audit log; the site's /favicon.ico."""
 
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.utils import timezone
+from django.utils.cache import patch_cache_control
 
 from console.paging import paginate, querystring_without_page
 from fleet.api.filters import AuditEventFilter
@@ -70,3 +72,11 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     # A page whose filter could not be read says so in its status too (the page names the field).
     return render(request, "console/audit_log.html", context,
                   status=200 if filterset.is_valid() else 400)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico where a page names no icon (an API answer, a file): the
+    console's SVG icon, whose static URL changes with its content in production."""
+    response = redirect(static("switchyard/favicon.svg"))
+    patch_cache_control(response, public=True, max_age=24 * 3600)
+    return response
