@@ -18,15 +18,31 @@ document.addEventListener("htmx:confirm", (event) => {
   }
 });
 
-// A button with data-copy="<id>" copies that element's text (a route's URL, a curl example).
+// A button with data-copy="<id>" copies that element's text (a route's URL, a curl example, a
+// new token's secret). Where the page may not write the clipboard (plain HTTP to a host other
+// than localhost, or a refusal), it selects the text for the user to copy instead.
 document.addEventListener("click", (event) => {
   const button = event.target.closest("button[data-copy]");
   const source = button && document.getElementById(button.dataset.copy);
-  if (source && navigator.clipboard) {
-    navigator.clipboard.writeText(source.textContent.trim()).then(() => {
-      const label = button.textContent;
-      button.textContent = "Copied";
-      setTimeout(() => { button.textContent = label; }, 1500);
-    });
+  if (!source) {
+    return;
+  }
+  button.dataset.label = button.dataset.label || button.textContent;
+  const say = (text) => {
+    button.textContent = text;
+    clearTimeout(button.copyTimer);
+    button.copyTimer = setTimeout(() => { button.textContent = button.dataset.label; }, 2000);
+  };
+  const select = () => {
+    const range = document.createRange();
+    range.selectNodeContents(source);
+    window.getSelection().removeAllRanges();
+    window.getSelection().addRange(range);
+    say("Selected: press Ctrl+C");
+  };
+  if (navigator.clipboard && window.isSecureContext) {
+    navigator.clipboard.writeText(source.textContent.trim()).then(() => say("Copied"), select);
+  } else {
+    select();
   }
 });
