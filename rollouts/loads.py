@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from fleet import audit, quota
+from fleet import audit, health, quota
 from fleet.adapters.base import READY, AdapterError, ServerRuntime
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
@@ -497,6 +497,7 @@ def _load(load: ModelLoad) -> None:
                    State.UNLOADED)
     else:
         _refresh_kept(load, runtime)
+    _report_served(load)
     _move(load, State.READY, f"ready on {load.server.name} (config {loaded.config_hash[:12]})",
           config_hash=loaded.config_hash, ready_at=timezone.now())
 
@@ -581,12 +582,20 @@ def mark_lost(load: ModelLoad, why: str) -> bool:
     return True
 
 
+def _report_served(load: ModelLoad) -> None:
+    """Ask the server what it serves now and record it, before the load's final state is
+    written: a page that sees the load done then sees the server's own report agree, not the
+    report of the last health check (up to an interval old)."""
+    health.check_server(load.server_id)
+
+
 def _unload(load: ModelLoad) -> None:
     version = load.version
     runtime = runtime_for(load.server, lora=_is_lora(version))
     runtime.unload(version.model.name, version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
     runtime.remove(version.model.name, version.version)
     quota.release(load.placement)
+    _report_served(load)
     _move(load, State.UNLOADED, f"unloaded from {load.server.name}; quota released",
           finished_at=timezone.now())
 
@@ -629,6 +638,8 @@ def _fail(load: ModelLoad, message: str, server_log: str = "", error_trace: str 
         return
     leftover = _cleanup(load)
     quota.release(load.placement)
+    if load.state == State.LOADING:
+        _report_served(load)
     text = message + (f" ({leftover})" if leftover else "")
     _move(load, State.FAILED, f"failed while {load.get_state_display().lower()}: {text}; quota released",
           error=text, server_log=server_log, error_trace=error_trace, finished_at=timezone.now())

@@ -8,16 +8,12 @@ from datetime import datetime
 from django import template
 from django.urls import ResolverMatch
 from django.utils import timezone
+from django.utils.html import format_html
 
 register = template.Library()
 
 
-@register.filter
-def ago(value: datetime | None) -> str:
-    """'4 s ago', '3 min ago', '2 h ago', '5 d ago'; 'never' for None."""
-    if value is None:
-        return "never"
-    seconds = max(int((timezone.now() - value).total_seconds()), 0)
+def _ago_text(seconds: int) -> str:
     if seconds < 90:
         return f"{seconds} s ago"
     if seconds < 90 * 60:
@@ -25,6 +21,39 @@ def ago(value: datetime | None) -> str:
     if seconds < 36 * 3600:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} d ago"
+
+
+@register.filter
+def ago(value: datetime | None) -> str:
+    """'4 s ago', '3 min ago', '2 h ago', '5 d ago' ('never' for None), as a ``<time>`` that
+    keeps counting in the browser (console.js) and names the moment on hover."""
+    if value is None:
+        return "never"
+    seconds = max(int((timezone.now() - value).total_seconds()), 0)
+    return format_html('<time datetime="{}" data-ago="{}" title="{}">{}</time>',
+                       value.isoformat(), seconds, when(value), _ago_text(seconds))
+
+
+@register.filter
+def when(value: datetime | None) -> str:
+    """A moment as the console writes every time: 24-hour, in the console's time zone, named
+    ("2026-11-24 14:05:09 UTC")."""
+    if value is None:
+        return "\u2013"
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+@register.filter
+def served_state(entry: object) -> str:
+    """A model state as a server reports it, for its badge. Triton marks a version it was
+    told to unload UNAVAILABLE with the reason "unloaded": that is no failure, so it reads
+    UNLOADED (grey), and only a real UNAVAILABLE stays red."""
+    if not isinstance(entry, dict):
+        return ""
+    state = str(entry.get("state", ""))
+    if state == "UNAVAILABLE" and entry.get("reason") == "unloaded":
+        return "UNLOADED"
+    return state
 
 
 @register.filter

@@ -46,3 +46,27 @@ document.addEventListener("click", (event) => {
     select();
   }
 });
+
+// Relative times (<time data-ago="N">, the "ago" filter) keep counting: N seconds when the
+// element reached the page, plus the time since, on this browser's own clock, so a clock
+// set differently from the server's changes nothing.
+const firstSeen = new WeakMap();
+
+function agoText(seconds) {
+  if (seconds < 90) return `${seconds} s ago`;
+  if (seconds < 90 * 60) return `${Math.floor(seconds / 60)} min ago`;
+  if (seconds < 36 * 3600) return `${Math.floor(seconds / 3600)} h ago`;
+  return `${Math.floor(seconds / 86400)} d ago`;
+}
+
+function tickAgo() {
+  const now = performance.now();
+  for (const element of document.querySelectorAll("time[data-ago]")) {
+    if (!firstSeen.has(element)) firstSeen.set(element, now);
+    const seconds = Number(element.dataset.ago) + Math.floor((now - firstSeen.get(element)) / 1000);
+    const text = agoText(seconds);
+    if (element.textContent !== text) element.textContent = text;
+  }
+}
+tickAgo();
+setInterval(tickAgo, 1000);
