@@ -453,8 +453,9 @@ def test_the_nav_highlights_benchmarks(setup, bob):
     client.force_login(bob)
     for path in (reverse("rollouts:benchmarks"), url("benchmark", job)):
         body = client.get(path).content.decode()
-        assert f'<a href="{reverse("rollouts:benchmarks")}" class="active">Benchmarks</a>' in body
-        assert 'class="active">Registry' not in body and 'class="active">Rollouts' not in body
+        assert (f'<a href="{reverse("rollouts:benchmarks")}" class="active" aria-current="page">'
+                'Benchmarks</a>') in body
+        assert body.count('class="active"') == 1
 
 
 # --------------------------------------------------------------------------------------------
