@@ -510,14 +510,15 @@ def summary(cluster: Cluster) -> str:
         states.append(f"{cordoned} cordoned")
     if gone:
         states.append(f"{gone} gone")
-    text = f"{len(present)} nodes" + (f" ({', '.join(states)})" if states else "")
+    text = f"{len(present)} node{'' if len(present) == 1 else 's'}" + (
+        f" ({', '.join(states)})" if states else "")
     classes = device_classes(cluster)
     if classes:
         text += "; GPUs: " + ", ".join(f"{name} x{n}" for name, n in classes.items())
     servers = InferenceServer.objects.filter(
         cluster=cluster, source=InferenceServer.Source.DISCOVERED
     ).count()
-    return text + f"; {servers} discovered servers"
+    return text + f"; {servers} discovered server{'' if servers == 1 else 's'}"
 
 
 def _finish(cluster: Cluster, run: _Run, *, final: bool = True) -> ClusterSync:

@@ -142,8 +142,10 @@ def up(progress: Callable[[str], None] = print, *, preload: bool = True) -> trit
     )
     busy = [p for p in ports if not _port_free(p)]
     if busy:
+        listed = ", ".join(map(str, busy))
+        which = f"port {listed} is" if len(busy) == 1 else f"ports {listed} are"
         raise RuntimeError(
-            f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; stop what holds them "
+            f"{which} in use on 127.0.0.1; stop what holds {'it' if len(busy) == 1 else 'them'} "
             "or set SWITCHYARD_LOCAL_TRITON_HTTP_PORT/_GRPC_PORT/_METRICS_PORT"
         )
     runtime = triton_local.ensure_runtime(settings.DATA_DIR, progress=progress)

@@ -69,11 +69,15 @@ class DeploymentLoadForm(DomainForm):
             rows = loads.request_unload(self.actor, self.deployment, version)
             if not rows:
                 return f"v{version.version} was not loaded."
-            return f"Unloading v{version.version} from {len(rows)} server(s)."
+            return f"Unloading v{version.version} from {_servers(len(rows))}."
         rows, created = loads.request_load(self.actor, self.deployment, version)
         if not created:
             return f"v{version.version} is already ready."
-        return f"Loading v{version.version} onto {len(rows)} server(s)."
+        return f"Loading v{version.version} onto {_servers(len(rows))}."
+
+
+def _servers(count: int) -> str:
+    return f"{count} server{'' if count == 1 else 's'}"
 
 
 class DeploymentDeleteForm(DomainForm):

@@ -106,10 +106,12 @@ def step_summary(rollout: Rollout) -> str:
         return "split in force" if rollout.weights and rollout.is_active else ""
     total = len(rollout.steps or [])
     if rollout.state == State.SUCCEEDED:
-        return f"all {total} steps done"
+        return "the one step done" if total == 1 else f"all {total} steps done"
     step = rollout.current_step
     if step is None or rollout.state == State.LOADING or rollout.started_at is None:
-        return f"{total} steps" if rollout.state != State.PROMOTING else "every step passed"
+        if rollout.state == State.PROMOTING:
+            return "every step passed"
+        return f"{total} step{'' if total == 1 else 's'}"
     return f"step {rollout.step_index + 1} of {total}: {describe_step(step)}"
 
 

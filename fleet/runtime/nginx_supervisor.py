@@ -149,7 +149,7 @@ class NginxSupervisor:
                 self._write(restarts=self.restarts)
                 started = time.monotonic()
                 self.progress(f"nginx running again (pid {self.proc.pid}); {self.restarts} "
-                              "restart(s) so far")
+                              f"restart{'' if self.restarts == 1 else 's'} so far")
                 break
 
     def _write(self, **changes: Any) -> None:

@@ -136,7 +136,7 @@ def test_a_good_load_redirects_with_a_message_and_starts_the_load(dave, setup):
     response = client.post(load_url(setup), {"version": str(setup["v1"].pk)}, follow=True)
 
     assert response.redirect_chain == [(f"/registry/deployments/{setup['deployment'].pk}/", 302)]
-    assert "Loading v1 onto 1 server(s)." in response.content.decode()
+    assert "Loading v1 onto 1 server." in response.content.decode()
     assert ModelLoad.objects.get().state == ModelLoad.State.PENDING
 
 

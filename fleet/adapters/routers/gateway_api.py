@@ -259,7 +259,7 @@ class GatewayApiRouter:
             return RouterHealth(ok=False, message="; ".join(problems), routes=routes)
         return RouterHealth(
             ok=True,
-            message=f"{len(routes)} route(s) accepted on Gateway "
+            message=f"{len(routes)} route{'' if len(routes) == 1 else 's'} accepted on Gateway "
                     f"{self.gateway_namespace}/{self.gateway_name} ({GROUP}/{version})",
             routes=routes,
         )

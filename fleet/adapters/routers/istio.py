@@ -264,7 +264,8 @@ class IstioRouter:
             return RouterHealth(ok=False, message="; ".join(problems), routes=routes)
         return RouterHealth(
             ok=True,
-            message=f"{len(routes)} route(s) written ({GROUP}/{self.api_version}); Istio "
+            message=f"{len(routes)} route{'' if len(routes) == 1 else 's'} written "
+                    f"({GROUP}/{self.api_version}); Istio "
                     "reports no problem",
             routes=routes,
         )

@@ -217,7 +217,7 @@ class NginxRouter:
             if not routes[name]:
                 problems.append(f"route {name} is not in force")
         ok = not problems
-        message = "; ".join(problems) if problems else f"{len(routes)} route(s) in force"
+        message = "; ".join(problems) if problems else f"{len(routes)} route{'' if len(routes) == 1 else 's'} in force"
         return RouterHealth(ok=ok, message=message, routes=routes, active_connections=active)
 
     # ----------------------------------------------------------------------------------------

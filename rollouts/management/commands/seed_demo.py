@@ -36,4 +36,4 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS("demo data ready"))
         if load:
             started = demo.request_demo_loads(with_vllm=vllm)
-            self.stdout.write(f"requested {len(started)} model load(s)")
+            self.stdout.write(f"requested {len(started)} model load{'' if len(started) == 1 else 's'}")
