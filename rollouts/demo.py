@@ -2,7 +2,9 @@
 
 Idempotent: running it twice changes nothing. Artifact digests and sizes are those of real
 deterministic tarballs of the demo model folders; the demo uploads them to its S3 endpoint
-(moto's server mode) and loads the approved versions from there, the production path.
+(moto's server mode) and loads the approved versions from there, the production path. It
+uploads the next build of fraud-scorer too, unregistered: docs/api.md's walkthrough registers
+and loads it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 
 Role = Membership.Role
 Status = ModelVersion.Status
+BUCKET = "switchyard-demo"
 
 USERS = [
     # username, tenant, role
@@ -56,11 +59,21 @@ VERSIONS = [
     DemoVersion("fraud-scorer", 3, Status.APPROVED, 64, "d41e7c08", "train-2026-11-20", source=1),
     DemoVersion("sentiment", 1, Status.APPROVED, 48, "c0ffee12", "sent-2026-09-30"),
 ]
+# The next build of fraud-scorer (retrained again, as fast as version 1): its artifact is
+# uploaded with the others but it is not registered. A pipeline registers it, as the API
+# walkthrough (docs/api.md) does.
+NEXT_BUILD = DemoVersion("fraud-scorer", 4, Status.REGISTERED, 64, "7c2b9e14", "train-2026-11-27",
+                         source=1)
 OWNERS = {"fraud-scorer": "acme", "sentiment": "globex"}
 DESCRIPTIONS = {
     "fraud-scorer": "Scores card transactions for fraud; v2 adds merchant features (slower).",
     "sentiment": "Classifies support tickets as positive or negative.",
 }
+
+
+def artifact_uri(model: str, version: int) -> str:
+    """Where the demo's S3 endpoint holds a demo version's artifact."""
+    return f"s3://{BUCKET}/{model}/{version}/model.tar.gz"
 
 
 def artifact(model: str, version: int, source: int = 0) -> tuple[bytes, str]:
@@ -145,9 +158,9 @@ def seed_vllm(s3_endpoint: str) -> None:
     adapter = vllm_local.make_lora_adapter(runtime, base, settings.DATA_DIR / "demo" / "support-tone")
     blob = _tar_folder(adapter, "adapter")
     digest = hashlib.sha256(blob).hexdigest()
-    uri = "s3://switchyard-demo/support-tone/1/adapter.tar.gz"
+    uri = f"s3://{BUCKET}/support-tone/1/adapter.tar.gz"
     store = S3ArtifactStore(settings.SWITCHYARD_ARTIFACT_CACHE, endpoint_url=s3_endpoint)
-    store.ensure_bucket("switchyard-demo")
+    store.ensure_bucket(BUCKET)
     store.put(uri, blob)
     server = InferenceServer.objects.get(name=local_cluster.VLLM_SERVER_NAME, cluster__name="local")
     with transaction.atomic():
@@ -238,7 +251,7 @@ def _seed(password: str, store: object) -> None:
             model=model,
             version=spec.version,
             defaults={
-                "artifact_uri": f"s3://switchyard-demo/{spec.model}/{spec.version}/model.tar.gz",
+                "artifact_uri": artifact_uri(spec.model, spec.version),
                 "sha256": digest,
                 "size_bytes": len(blob),
                 "runtime": ModelVersion.Runtime.TRITON,
@@ -268,6 +281,9 @@ def _seed(password: str, store: object) -> None:
             uri = version.artifact_uri
             store.ensure_bucket(uri.split("/")[2])
             store.put(uri, blob)
+    if store is not None:
+        blob, _ = artifact(NEXT_BUILD.model, NEXT_BUILD.version, NEXT_BUILD.source)
+        store.put(artifact_uri(NEXT_BUILD.model, NEXT_BUILD.version), blob)
 
     fraud = Model.objects.get(tenant=tenants["acme"], name="fraud-scorer")
     Alias.objects.get_or_create(model=fraud, name="production", defaults={"version": fraud.versions.get(version=1)})
