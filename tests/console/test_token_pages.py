@@ -22,7 +22,7 @@ def test_a_new_tokens_secret_comes_with_a_copy_button(client, alice, tenant_a):
 
     assert response.status_code == 200
     body = main_of(response)
-    assert re.search(r'<div class="secret" id="new-token">sy_\w+</div>', body)
+    assert re.search(r'<div class="secret" id="new-token">sy_[\w-]+</div>', body)
     assert '<button type="button" data-copy="new-token" id="copy-token">Copy token</button>' in body
 
 
