@@ -20,13 +20,13 @@ from rollouts.models import Deployment, Model, ModelVersion
 def dashboard(request: HttpRequest) -> HttpResponse:
     user = request.user
     versions = ModelVersion.objects.visible_to(user)
+    pending = versions.filter(status=ModelVersion.Status.PENDING_APPROVAL)
     servers = list(InferenceServer.objects.visible_to(user).select_related("cluster"))
     context = {
         "model_count": Model.objects.visible_to(user).count(),
         "version_count": versions.count(),
-        "pending": versions.filter(status=ModelVersion.Status.PENDING_APPROVAL).select_related(
-            "model__tenant"
-        )[:10],
+        "pending": pending.select_related("model__tenant")[:10],
+        "pending_count": pending.count(),
         "deployment_count": Deployment.objects.visible_to(user).filter(archived_at__isnull=True).count(),
         "servers": servers,
         "healthy_count": sum(s.is_healthy for s in servers),

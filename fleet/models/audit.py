@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.db import models
 
 from fleet.tenancy import scoped_manager
 
 from .tenancy import APIToken, Tenant
+
+# Loads, placements and server workloads were once named with their state at the time of the
+# event ("acme/fraud v2 on triton-1 (pending)"); shown later, that reads as their state now.
+NAMED_WITH_STATE = {"rollouts.modelload", "fleet.placement", "rollouts.serverworkload"}
+STATE_SUFFIX = re.compile(r"(?P<name>.+) \((?P<state>[a-z_]+)\)")
 
 
 class AuditEvent(models.Model):
@@ -45,3 +52,13 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.verb} {self.object_repr}"
+
+    @property
+    def object_label(self) -> str:
+        """The object's name as recorded; a state recorded in it is said to be the state then
+        ("… on triton-1 (was pending)")."""
+        if self.object_type in NAMED_WITH_STATE:
+            match = STATE_SUFFIX.fullmatch(self.object_repr)
+            if match:
+                return f"{match['name']} (was {match['state'].replace('_', ' ')})"
+        return self.object_repr

@@ -91,7 +91,8 @@ class Placement(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.model_version} on {self.server} ({self.state})"
+        # No state here: the audit log keeps this name, where a state would read as today's.
+        return f"{self.model_version} on {self.server}"
 
     def clean(self) -> None:
         if self.units == 0:

@@ -106,7 +106,8 @@ class ModelLoad(models.Model):
         indexes = [models.Index(fields=["state"], name="load_state")]
 
     def __str__(self) -> str:
-        return f"{self.version} on {self.server} ({self.state})"
+        # No state here: the audit log keeps this name, where a state would read as today's.
+        return f"{self.version} on {self.server}"
 
     @property
     def is_terminal(self) -> bool:

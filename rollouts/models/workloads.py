@@ -165,7 +165,8 @@ class ServerWorkload(models.Model):
         indexes = [models.Index(fields=["state"], name="workload_state")]
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} on {self.cluster} ({self.state})"
+        # No state here: the audit log keeps this name, where a state would read as today's.
+        return f"{self.namespace}/{self.name} on {self.cluster}"
 
     @property
     def units(self) -> int:
