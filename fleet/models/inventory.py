@@ -330,6 +330,7 @@ class GPU(models.Model):
 
     class Meta:
         ordering = ["node__cluster__name", "node__name", "index", "mig_profile"]
+        verbose_name = "GPU"
 
     def __str__(self) -> str:
         suffix = f" {self.mig_profile}" if self.mig_profile else ""

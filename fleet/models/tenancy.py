@@ -99,6 +99,7 @@ class APIToken(models.Model):
 
     class Meta:
         ordering = ["tenant__slug", "name"]
+        verbose_name = "API token"
 
     def __str__(self) -> str:
         return f"{self.name} ({self.tenant})"

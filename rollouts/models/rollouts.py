@@ -238,6 +238,7 @@ class RolloutAnalysis(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        verbose_name_plural = "rollout analyses"
         constraints = [
             models.UniqueConstraint(
                 fields=["rollout", "attempt", "step_index"], name="uniq_analysis_per_step"
