@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from rest_framework import pagination, serializers
 from rest_framework.request import Request
 
@@ -18,6 +19,13 @@ from fleet.api.filters import MAX_INTEGER, parse_integer
 
 class PageNumberPagination(pagination.PageNumberPagination):
     last_page_strings = ()
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        # Pages of an unordered query may repeat or skip rows: an endpoint (or an aggregate,
+        # whose GROUP BY drops the model's ordering) without an order is paged by primary key.
+        if isinstance(queryset, QuerySet) and not queryset.ordered:
+            queryset = queryset.order_by("pk")
+        return super().paginate_queryset(queryset, request, view)
 
     def get_page_number(self, request: Request, paginator: Paginator) -> int:
         raw = request.query_params.get(self.page_query_param)
