@@ -44,6 +44,14 @@ def when(value: datetime | None) -> str:
 
 
 @register.filter
+def clock(value: datetime | None) -> str:
+    """The time of day of a moment, as timelines show it: "14:05:09 UTC"."""
+    if value is None:
+        return "\u2013"
+    return timezone.localtime(value).strftime("%H:%M:%S %Z")
+
+
+@register.filter
 def served_state(entry: object) -> str:
     """A model state as a server reports it, for its badge. Triton marks a version it was
     told to unload UNAVAILABLE with the reason "unloaded": that is no failure, so it reads
