@@ -319,52 +319,52 @@ def prune(keep: timedelta = ROLLUP_KEEP) -> int:
     return deleted
 
 
-def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
+ROLLUP_POINTS = 1440  # at most this many points per version from the minute rollups
+
+
+def series(deployment: Deployment, window_s: int = WINDOW_S, since: float | None = None) -> dict[str, Any]:
     """The latency series of a deployment per version, newest last, in the charts' shape.
 
     Windows up to 15 minutes come from Redis at full resolution (``source`` "live"); longer
     ones, or when Redis has nothing (after a restart) or cannot be reached, from the minute
-    rollups (``source`` "rollups"). ``live_error`` says why the live window could not be read.
+    rollups (``source`` "rollups"), merged into at most ``ROLLUP_POINTS`` points per version
+    (7 days: one per 7 minutes). ``live_error`` says why the live window could not be read.
     Every point is dated by the scrape it comes from, so ``age_s`` grows once scraping stops.
 
     When the deployment's route sent samples in the window, they are used instead (``source``
     "router", see :func:`_router_series`).
+
+    ``since`` (epoch seconds; a poller's newest point) asks only for what changed: the answer
+    holds the points dated at or after its ``since``, which replace the caller's from then on
+    (``since`` is moved back to the start of its slot where the newest slot is still filling:
+    a router slice, a minute or a merged bucket of rollups). Versions with nothing new are left
+    out; the caller keeps its points and drops those older than the window.
     """
     now = time.time()
-    since = now - window_s
+    start = now - window_s
     versions: dict[str, dict[str, Any]] = {}
     live_error = None
     if window_s <= WINDOW_S:
         routed = _router_series(deployment, window_s, now)
         if routed is not None:
-            return routed
+            return _since(routed, since, routed["step_s"])
         try:
             store = _redis()
             labels = sorted(label.decode() for label in store.smembers(_labels_key(deployment.pk)))
             for label in labels:
-                points = _points(store, deployment.pk, label, since)
+                points = _points(store, deployment.pk, label, start)
                 if points:
                     versions[label] = {"label": label, "points": [_public(p) for p in points]}
         except redis.RedisError as exc:
             log.warning("latency series from Redis failed: %s", exc)
             live_error = f"the live window in Redis cannot be read: {exc}"
     source = "live" if versions else "rollups"
+    step_s = 0
     if not versions:
-        rows = LatencyRollup.objects.filter(
-            deployment=deployment, minute__gte=datetime.fromtimestamp(since - 60, tz=UTC)
-        ).order_by("minute")
-        for row in rows:
-            # Dated by its newest scrape; rows written before that was recorded, by the end of
-            # their minute (at most now).
-            t = (row.last_sample_at.timestamp() if row.last_sample_at
-                 else min(row.minute.timestamp() + 60, now))
-            if t < since:
-                continue
-            versions.setdefault(row.label, {"label": row.label, "points": []})["points"].append(
-                {"t": t, **{f: getattr(row, f, None) for f in FIELDS}}
-            )
+        step_s = 60 * max(1, math.ceil(window_s / 60 / ROLLUP_POINTS))
+        versions = _rollup_series(deployment, start, now, step_s)
     newest = max((v["points"][-1]["t"] for v in versions.values() if v["points"]), default=None)
-    return {
+    answer = {
         "deployment": deployment.pk,
         "slo_p99_ms": deployment.slo_p99_ms,
         "slo_error_rate": float(deployment.slo_error_rate),
@@ -375,6 +375,74 @@ def series(deployment: Deployment, window_s: int = WINDOW_S) -> dict[str, Any]:
         "age_s": round(now - newest, 2) if newest else None,
         "versions": dict(sorted(versions.items())),
     }
+    return _since(answer, since, step_s)
+
+
+def _since(answer: dict[str, Any], since: float | None, slot_s: int) -> dict[str, Any]:
+    """``answer`` cut to what a poller whose newest point is dated ``since`` lacks: the points
+    from the start of that point's slot on (scrapes are final: from the point itself)."""
+    answer["since"] = None
+    if since is None:
+        return answer
+    cut = since - since % slot_s if slot_s else since
+    answer["since"] = cut
+    for key in list(answer["versions"]):
+        entry = answer["versions"][key]
+        entry["points"] = [p for p in entry["points"] if p.get("slot", p["t"]) >= cut]
+        if not entry["points"]:
+            del answer["versions"][key]
+    return answer
+
+
+def _rollup_series(deployment: Deployment, start: float, now: float, step_s: int) -> dict[str, Any]:
+    """Minute rollups in buckets of ``step_s`` seconds: requests summed (rate and error rate
+    over the bucket), latencies request-weighted for the averages and the worst minute for
+    p95 and p99. Each point is dated by its newest scrape and keeps its bucket's start as
+    ``slot``."""
+    rows = LatencyRollup.objects.filter(
+        deployment=deployment, minute__gte=datetime.fromtimestamp(start - 60, tz=UTC)
+    ).order_by("label", "minute")
+    buckets: dict[tuple[str, float], list[LatencyRollup]] = {}
+    for row in rows:
+        # Dated by its newest scrape; rows written before that was recorded, by the end of
+        # their minute (at most now).
+        row.t = (row.last_sample_at.timestamp() if row.last_sample_at
+                 else min(row.minute.timestamp() + 60, now))
+        if row.t < start:
+            continue
+        slot = row.minute.timestamp() - row.minute.timestamp() % step_s
+        buckets.setdefault((row.label, slot), []).append(row)
+    versions: dict[str, Any] = {}
+    for (label, slot), group in buckets.items():
+        versions.setdefault(label, {"label": label, "points": []})["points"].append(
+            {"t": max(r.t for r in group), "slot": slot, **_merged(group)})
+    for entry in versions.values():  # a bucket cut by the window's start may be one too many
+        entry["points"] = entry["points"][-ROLLUP_POINTS:]
+    return versions
+
+
+def _merged(rows: list[LatencyRollup]) -> dict[str, Any]:
+    if len(rows) == 1:
+        return {f: getattr(rows[0], f, None) for f in FIELDS}
+    requests = sum(r.requests for r in rows)
+    failures = sum(r.failures for r in rows)
+    seconds = sum(r.requests / r.rps for r in rows if r.rps) or 60.0 * len(rows)
+
+    def weighted(field: str) -> float | None:
+        pairs = [(getattr(r, field, None), r.requests) for r in rows if getattr(r, field, None) is not None]
+        total = sum(n for _, n in pairs)
+        if not pairs:
+            return None
+        return sum(v * n for v, n in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
+
+    def worst(field: str) -> float | None:
+        values = [getattr(r, field, None) for r in rows if getattr(r, field, None) is not None]
+        return max(values) if values else None
+
+    return {"rps": requests / seconds, "error_rate": 100.0 * failures / requests if requests else 0.0,
+            "p50_ms": weighted("p50_ms"), "p95_ms": worst("p95_ms"), "p99_ms": worst("p99_ms"),
+            "avg_ms": weighted("avg_ms"), "ttft_p50_ms": weighted("ttft_p50_ms"),
+            "ttft_p99_ms": worst("ttft_p99_ms"), "itl_p50_ms": weighted("itl_p50_ms")}
 
 
 def _public(point: dict[str, Any]) -> dict[str, Any]:

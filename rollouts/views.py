@@ -39,6 +39,8 @@ from rollouts.registry_forms import AliasForm
 from rollouts.rollout_views import deployment_rollouts_context, start_rollout
 
 TRAFFIC_WINDOW_S = 60  # the Traffic panel's measured split covers the last minute
+# The windows the Live latency panel offers (seconds, label); the first is shown first.
+LATENCY_WINDOWS = [(300, "5 min"), (3600, "1 h"), (86400, "24 h"), (7 * 86400, "7 days")]
 
 
 @login_required
@@ -291,6 +293,7 @@ def _render_deployment(
         and not deployment.is_archived,
         "load_form": form,
         "latency_url": reverse("api:deployment-latency", args=[deployment.pk]),
+        "latency_windows": LATENCY_WINDOWS,
         "placements": Placement.objects.filter(
             server__in=deployment.servers.all(), model_version__model=deployment.model,
             state__in=Placement.HOLDING,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -223,6 +225,11 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
 
     @extend_schema(
         parameters=[OpenApiParameter(
+            "since", {"type": "number", "minimum": 0},
+            description="epoch seconds of the newest point the caller has: only the points "
+                        "from then on come back (they replace the caller's from ``since`` in "
+                        "the answer on), versions with nothing new are left out",
+        ), OpenApiParameter(
             "window",
             {"type": "integer", "minimum": MIN_WINDOW_S, "maximum": MAX_WINDOW_S,
              "default": DEFAULT_WINDOW_S},
@@ -240,7 +247,7 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
             message = (f"must be a number of seconds, got {raw!r}" if exc.code == "invalid"
                        else "must be between 60 and 2592000 seconds (30 days)")
             raise DomainError(message, field="window") from None
-        return Response(latency.series(self.get_object(), window))
+        return Response(latency.series(self.get_object(), window, _since(request)))
 
     def perform_create(self, serializer: s.DeploymentSerializer) -> None:
         data = dict(serializer.validated_data)
@@ -260,6 +267,20 @@ class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: Deployment) -> None:
         deployments.delete_deployment(self.request.user, instance)
+
+
+def _since(request: Request) -> float | None:
+    """The ``since`` of a latency poll: epoch seconds, not in the future."""
+    raw = request.query_params.get("since")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DomainError(f"must be epoch seconds, got {raw[:40]!r}", field="since") from None
+    if not math.isfinite(value) or not 0 <= value <= time.time() + 60:
+        raise DomainError("must be epoch seconds, not in the future", field="since")
+    return value
 
 
 class ModelLoadViewSet(

@@ -113,6 +113,60 @@
     });
   }
 
+  // ---------------------------------------------------------------- times
+
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+
+  // "14:05" or "14:05:09" in UTC.
+  function clockUTC(t, seconds) {
+    var d = new Date(t * 1000);
+    return pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()) + (seconds ? ":" + pad(d.getUTCSeconds()) : "");
+  }
+
+  // "11-24" in UTC.
+  function dayUTC(t) {
+    var d = new Date(t * 1000);
+    return pad(d.getUTCMonth() + 1) + "-" + pad(d.getUTCDate());
+  }
+
+  // ---------------------------------------------------------------- incremental answers
+
+  // The newest point held of any version, or null when nothing is held yet.
+  function newestT(data) {
+    if (!data) return null;
+    var newest = null;
+    versionKeys(data).forEach(function (k) {
+      var pts = pointsOf(data, k);
+      if (pts.length && (newest == null || pts[pts.length - 1].t > newest)) newest = pts[pts.length - 1].t;
+    });
+    return newest;
+  }
+
+  // An answer to a poll with ?since= holds the points from its `since` on: they replace the
+  // held ones from then on (a point's slot, when it has one, is where it starts), versions it
+  // leaves out keep theirs, and points older than the window are dropped. A full answer (no
+  // `since`) or one from another source (router samples began or ended) replaces everything.
+  function merge(held, data) {
+    if (!held || data.since == null || held.source !== data.source) return data;
+    var cut = data.since;
+    var versions = {};
+    versionKeys(held).forEach(function (k) { versions[k] = held.versions[k]; });
+    versionKeys(data).forEach(function (k) {
+      var kept = (versions[k] ? pointsOf({ versions: versions }, k) : []).filter(function (p) {
+        return (p.slot != null ? p.slot : p.t) < cut;
+      });
+      versions[k] = Object.assign({}, data.versions[k], { points: kept.concat(pointsOf(data, k)) });
+    });
+    var newest = newestT({ versions: versions });
+    var oldest = (newest == null ? 0 : newest) - (num(data.window_s) || 900);
+    Object.keys(versions).forEach(function (k) {
+      var pts = versions[k].points.filter(function (p) { return p.t >= oldest; });
+      if (pts.length) versions[k] = Object.assign({}, versions[k], { points: pts });
+      else delete versions[k];
+    });
+    return Object.assign({}, data, { versions: versions });
+  }
+
   // ---------------------------------------------------------------- Source: one poller per URL
 
   function Source(url) {
@@ -154,7 +208,13 @@
     var guard = setTimeout(function () { timedOut = true; ctl.abort(); }, FETCH_TIMEOUT_MS);
     this.inflight = ctl;
     this.startedAt = performance.now();
-    fetch(this.url, { headers: { Accept: "application/json" }, credentials: "same-origin",
+    var url = this.url, newest = newestT(this.data);
+    if (newest != null) {  // ask only for what is new since the newest point held
+      var u = new URL(url);
+      u.searchParams.set("since", String(newest));
+      url = u.href;
+    }
+    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin",
                       cache: "no-store", signal: ctl.signal })
       .then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
@@ -162,7 +222,7 @@
         return r.json();
       })
       .then(function (data) {
-        self.data = data;
+        self.data = merge(self.data, data);
         self.fetchedAt = performance.now();
         self.error = null;
         self.charts.forEach(function (c) { c.render(data); });
@@ -361,10 +421,8 @@
     };
 
     var series = [{
-      label: "Time",
-      value: function (u, v, si, idx) {
-        return idx == null ? "latest" : new Date(v * 1000).toLocaleTimeString();
-      },
+      label: "Time (UTC)",
+      value: function (u, v, si, idx) { return idx == null ? "latest" : clockUTC(v, true); },
     }];
     lines.forEach(function (l) {
       if (l.slo) {
@@ -385,7 +443,12 @@
         y: { range: function () { return [0, st.ytop]; } },
       },
       axes: [
-        Object.assign({}, axis),
+        // 24-hour times in UTC, as every time in the console; the date where the view spans
+        // more than a day.
+        Object.assign({}, axis, { values: function (u, splits) {
+          var days = st.xmax - st.xmin > 86400;
+          return splits.map(function (v) { return (days ? dayUTC(v) + " " : "") + clockUTC(v, false); });
+        } }),
         Object.assign({}, axis, { label: unit, labelSize: 18, size: 48,
           values: function (u, splits) { return splits.map(function (v) { return String(+v.toFixed(3)); }); } }),
       ],
@@ -532,6 +595,22 @@
     var c = charts.get(el);
     if (c) c.destroy();
   }
+
+  // A button with data-latency-window="N" shows the last N seconds in every chart of its
+  // panel ([data-latency-panel]): windows past 15 minutes come from the minute rollups.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-latency-window]");
+    var panel = button && button.closest("[data-latency-panel]");
+    if (!panel) return;
+    panel.querySelectorAll("button[data-latency-window]").forEach(function (b) {
+      b.setAttribute("aria-pressed", String(b === button));
+    });
+    panel.querySelectorAll(".latency-chart").forEach(function (el) {
+      destroy(el);
+      el.dataset.window = button.dataset.latencyWindow;
+    });
+    init(panel);
+  });
 
   document.addEventListener("visibilitychange", function () {
     sources.forEach(function (s) { s.sync(); });

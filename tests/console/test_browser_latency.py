@@ -7,8 +7,10 @@ themselves (no reload) and agree with the server's own counters and with the API
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -86,3 +88,52 @@ def test_the_deployment_page_follows_real_traffic(open_page, live_server, local_
     assert page.evaluate("window.__notReloaded") is True
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "live-latency.png"), full_page=True)
+
+
+def test_the_chart_polls_only_what_is_new_and_offers_longer_windows(open_page, live_server, transactional_db):
+    """A page left open fetches its window once, then only the newest points; choosing "24 h"
+    fetches that window from the minute rollups, and times read in 24-hour UTC."""
+    alice = UserFactory(username="alice")
+    tenant = MembershipFactory(user=alice, role=Membership.Role.ADMIN).tenant
+    deployment = DeploymentFactory(tenant=tenant, name="history", slo_p99_ms=50)
+    now = time.time()
+    first = now - now % 60 - 1439 * 60
+    LatencyRollup.objects.bulk_create(
+        LatencyRollup(deployment=deployment, label="v1", minute=datetime.fromtimestamp(first + i * 60, tz=UTC),
+                      requests=60, rps=1.0, p50_ms=4.0, p95_ms=6.0, p99_ms=8.0, avg_ms=4.0,
+                      last_sample_at=datetime.fromtimestamp(first + i * 60 + 59, tz=UTC))
+        for i in range(1440))
+    store = latency._redis()
+    key, labels = latency._series_key(deployment.pk, "v1"), latency._labels_key(deployment.pk)
+    for t in range(int(now) - 280, int(now)):
+        store.zadd(key, {json.dumps({"t": t, "rps": 2.0, "error_rate": 0.0, "p50_ms": 3.0,
+                                     "p95_ms": 4.0, "p99_ms": 5.0, "avg_ms": 3.0}): t})
+    store.sadd(labels, "v1")
+    def polls() -> list[tuple[str, int]]:
+        """The latency fetches the page made, with the size of each answer's body."""
+        return [(e["name"], e["size"]) for e in page.evaluate(
+            "performance.getEntriesByType('resource').filter(e => e.name.includes('/latency/'))"
+            ".map(e => ({name: e.name, size: e.decodedBodySize}))")]
+
+    try:
+        page = open_page("alice")
+        page.goto(f"{live_server.url}/registry/deployments/{deployment.pk}/")
+        expect(page.locator("#latency .u-legend").first).to_contain_text("Time (UTC)")
+        for _ in range(2):  # two more polls (every 2 s while the chart is on screen)
+            with page.expect_response(lambda r: "since=" in r.url, timeout=15_000):
+                pass
+        full, *later = [p for p in polls() if "window=300" in p[0]]
+        assert "since=" not in full[0] and later and all("since=" in url for url, _ in later)
+        assert max(size for _, size in later) < full[1] / 20, polls()
+
+        page.click("#latency button[data-latency-window='86400']")
+        expect(page.locator("#latency button[data-latency-window='86400']")).to_have_attribute(
+            "aria-pressed", "true")
+        expect(page.locator("table.latency-latest tr", has_text="v1").locator("td").nth(1)).to_have_text(
+            "1.0 req/s", timeout=10_000)
+        day = [url for url, _ in polls() if "window=86400" in url]
+        assert day and "since=" not in day[0]
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator("#latency").screenshot(path=str(SCREENSHOTS / "latency-24h.png"))
+    finally:
+        store.delete(key, labels)
