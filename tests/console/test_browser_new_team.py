@@ -59,6 +59,8 @@ def test_a_new_team_serves_a_model_from_the_console_alone(
     dave.fill("#id_size_bytes", str(len(blob)))
     dave.fill("#id_backend", "python")
     dave.check("#id_request_approval")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    dave.screenshot(path=str(SCREENSHOTS / "new-team-version-form.png"), full_page=True)
     dave.click("button:has-text('Register version')")
     expect(dave.locator(".messages")).to_contain_text("registered and approval asked for")
     version = ModelVersion.objects.get(model__name=name, version=1)
@@ -69,6 +71,7 @@ def test_a_new_team_serves_a_model_from_the_console_alone(
     erin.goto(f"{live_server.url}/registry/approvals/")
     item = erin.locator(f'article[data-version="{version.pk}"]')
     expect(item).to_contain_text("Asked by dave")
+    erin.screenshot(path=str(SCREENSHOTS / "new-team-approvals.png"), full_page=True)
     item.locator("button:has-text('Approve')").click()
     expect(erin.locator(".messages")).to_contain_text("approved")
     version.refresh_from_db()
@@ -112,5 +115,4 @@ def test_a_new_team_serves_a_model_from_the_console_alone(
     expect(row).to_be_visible(timeout=15_000)
     expect(row.locator("td").nth(1)).not_to_have_text("0.0 req/s", timeout=15_000)
     assert deployment.loads.get().state == ModelLoad.State.READY
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     dave.screenshot(path=str(SCREENSHOTS / "new-team-served.png"), full_page=True)
