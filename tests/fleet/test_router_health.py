@@ -52,7 +52,7 @@ def test_a_router_is_recorded_up_then_down_while_nginx_is_gone_then_up_again(
     cluster.refresh_from_db()
     assert up == {"up": 1}
     assert cluster.router_state == Cluster.RouterState.UP
-    assert (cluster.router_routes, cluster.router_detail) == (1, "1 route(s) in force")
+    assert (cluster.router_routes, cluster.router_detail) == (1, "1 route in force")
     assert cluster.router_connections >= 1  # the status request's own connection
     assert 'data-router-state="up"' in fleet_page_row(bob, cluster)
     static_without_router.refresh_from_db()
