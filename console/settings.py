@@ -226,7 +226,15 @@ SWITCHYARD_WEBHOOK_MAX_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_MAX_ATTEMPTS", 6, 
 SWITCHYARD_WEBHOOK_BACKOFF_S = env_float("SWITCHYARD_WEBHOOK_BACKOFF_S", 2.0, minimum=0.1)
 SWITCHYARD_WEBHOOK_TIMEOUT_S = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
 SWITCHYARD_WEBHOOK_INTERVAL_S = env_float("SWITCHYARD_WEBHOOK_INTERVAL_S", 2.0, minimum=0.5)
+# How long audit events are kept, in days (0: forever); a daily task deletes older ones and
+# records that it did (fleet/audit_export.py).
+SWITCHYARD_AUDIT_RETENTION_DAYS = env_int("SWITCHYARD_AUDIT_RETENTION_DAYS", 0, minimum=0)
 CELERY_BEAT_SCHEDULE = {
+    "prune-audit-events": {
+        "task": "fleet.tasks.prune_audit",
+        "schedule": timedelta(hours=24),
+        "options": {"expires": 3600},
+    },
     "scrape-latency": {
         "task": "rollouts.tasks.scrape_latency",
         "schedule": timedelta(seconds=SWITCHYARD_SCRAPE_INTERVAL_S),

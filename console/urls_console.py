@@ -7,4 +7,5 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("live/fleet-health/", views.fleet_health_partial, name="fleet-health"),
     path("audit/", views.audit_log, name="audit"),
+    path("audit/export/", views.audit_export, name="audit-export"),
 ]

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 
 from console.paging import paginate, querystring_without_page
+from fleet import audit_export as audit_export_domain
 from fleet.api.filters import AuditEventFilter
 from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
 from fleet.quota import usage_for
@@ -72,6 +73,22 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     # A page whose filter could not be read says so in its status too (the page names the field).
     return render(request, "console/audit_log.html", context,
                   status=200 if filterset.is_valid() else 400)
+
+
+@login_required
+def audit_export(request: HttpRequest) -> HttpResponse:
+    """The audit log as the page's filters select it, downloaded as CSV or JSON Lines
+    (``?as=csv|jsonl``), streamed."""
+    kind = request.GET.get("as", "csv")
+    events = AuditEvent.objects.visible_to(request.user)
+    filterset = AuditEventFilter(request.GET, queryset=events)
+    if kind not in audit_export_domain.FORMATS or not filterset.is_valid():
+        problems = {} if kind in audit_export_domain.FORMATS else {
+            "as": [f"must be one of {', '.join(audit_export_domain.FORMATS)}"]}
+        problems.update(filterset.errors)
+        text = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in problems.items())
+        return HttpResponse(f"Cannot export: {text}", status=400, content_type="text/plain")
+    return audit_export_domain.response(filterset.qs, kind)
 
 
 def favicon(request: HttpRequest) -> HttpResponse:

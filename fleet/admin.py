@@ -5,7 +5,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.http import HttpRequest
 
 from fleet import audit
@@ -59,6 +59,15 @@ class AuditedAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj), reason="deleted in the admin")
         super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        """The admin's "delete selected" action: one event per row, in the same transaction
+        as the delete, so a bulk delete leaves the same trail as deleting one by one."""
+        with transaction.atomic():
+            for obj in queryset:
+                audit.record(request.user, "deleted", obj, tenant=_tenant_of(obj),
+                             reason="deleted in the admin (several at once)")
+            super().delete_queryset(request, queryset)
 
 
 class MembershipInline(admin.TabularInline):

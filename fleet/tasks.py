@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from fleet import health, kube_sync, webhooks
+from fleet import audit_export, health, kube_sync, webhooks
 
 
 @shared_task(ignore_result=True)
@@ -24,6 +24,12 @@ def check_server(server_id: int) -> None:
 def deliver_webhook(delivery_id: int) -> None:
     """One attempt at one webhook delivery (claims the row; a second call changes nothing)."""
     webhooks.deliver(delivery_id)
+
+
+@shared_task(ignore_result=True)
+def prune_audit() -> int:
+    """Daily: delete audit events past their retention (SWITCHYARD_AUDIT_RETENTION_DAYS)."""
+    return audit_export.prune()
 
 
 @shared_task(ignore_result=True)

@@ -24,7 +24,7 @@ import django_filters
 from django import forms
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django_filters.fields import IsoDateTimeField
 from django_filters.filterset import FILTER_FOR_DBFIELD_DEFAULTS
 from django_filters.rest_framework import DjangoFilterBackend
@@ -319,12 +319,17 @@ class AuditEventFilter(FilterSet):
     actor = django_filters.CharFilter(field_name="actor_label", lookup_expr="icontains")
     verb = django_filters.CharFilter()
     object_type = django_filters.CharFilter()
+    object = django_filters.CharFilter(method="filter_object",
+                                       help_text="the object's id, or part of its name")
     since = UTCDateTimeFilter(field_name="created_at", lookup_expr="gte")
     until = UTCDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent
-        fields = ["tenant", "actor", "verb", "object_type", "since", "until"]
+        fields = ["tenant", "actor", "verb", "object_type", "object", "since", "until"]
+
+    def filter_object(self, queryset: Any, name: str, value: str) -> Any:
+        return queryset.filter(Q(object_id=value) | Q(object_repr__icontains=value))
 
 
 class InferenceServerFilter(FilterSet):

@@ -6,7 +6,9 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -14,11 +16,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from fleet import audit, health, kube_connection, tokens
+from fleet import audit, audit_export, health, kube_connection, tokens
 from fleet.api import serializers as s
 from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
+from fleet.errors import DomainError
 from fleet.models import (
     GPU,
     APIToken,
@@ -262,3 +265,22 @@ class AuditEventViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet)
     queryset = AuditEvent.objects.select_related("tenant")
     serializer_class = s.AuditEventSerializer
     filterset_class = AuditEventFilter
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # A client that asks the export for text/csv gets the stream, and a refusal in JSON.
+        return super().perform_content_negotiation(request, force=force or self.action == "export")
+
+    @extend_schema(
+        parameters=[OpenApiParameter("as", str, enum=list(audit_export.FORMATS), default="csv",
+                                     description="csv (a header, then a line each) or jsonl")],
+        responses={(200, "text/csv"): OpenApiTypes.STR,
+                   (200, "application/x-ndjson"): OpenApiTypes.STR},
+    )
+    @action(detail=False, methods=["get"])
+    def export(self, request: Request) -> StreamingHttpResponse:
+        """The events the same filters select, oldest first, streamed as CSV or JSON Lines."""
+        kind = request.query_params.get("as", "csv")
+        if kind not in audit_export.FORMATS:
+            raise DomainError(f"must be one of {', '.join(audit_export.FORMATS)}", field="as")
+        events = self.filter_queryset(self.get_queryset())
+        return audit_export.response(events, kind)

@@ -13,6 +13,7 @@ The matrix is checked against the routers, so a new endpoint or action fails
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -623,6 +624,11 @@ OPS: list[Op] = [
        done=lambda w, body: w.request.getfixturevalue("no_broker")
        == [("sync", w.kube_cluster.pk, True)]),
     *read_ops("auditevent", "audit-events", AuditEvent, ("audit_a", "audit_b")),
+    # The export streams what the caller may read; other tenants and loners get their own (none
+    # of tenant A's).
+    Op("auditevent", "export", "GET", "audit-events/export/?as=jsonl", AuditEvent, "bob", 200,
+       foreign=200, rows=("audit_a", "audit_b"), done=lambda w, body: {r["id"] for r in body} >= {w.audit_a.pk}
+       and w.audit_b.pk not in {r["id"] for r in body}),
     # Webhooks: members read them (never the secret, only its prefix); admins write and test.
     Op("webhook", "list", "GET", "webhooks/", Webhook, "bob", 200, rows=("webhook_a", "webhook_b"),
        done=lambda w, body: all("secret" not in row and row["secret_prefix"].endswith("…")
@@ -877,8 +883,13 @@ def test_tenancy(world, op, caller, status):
 
     response = getattr(client, op.method.lower())(url, payload, format="json")
 
-    assert response.status_code == status, response.content
-    body = response.json() if response.content else None
+    # An export streams JSON Lines: its body is the list of their objects.
+    content = b"".join(response.streaming_content) if response.streaming else response.content
+    assert response.status_code == status, content
+    if response.streaming:
+        body = [json.loads(line) for line in content.splitlines()]
+    else:
+        body = response.json() if content else None
     if status >= 400:
         # A refused call changes nothing, and records nothing.
         assert table_state(op) == before

@@ -320,6 +320,8 @@ PAGES: list[Page] = [
          setup=("audit_a", "audit_b")),
     Page("console:audit", scope="list", htmx=True, rows=("tenant-a", "tenant-b"),
          setup=("audit_a", "audit_b")),
+    Page("console:audit-export", scope="list", rows=("tenant-a", "tenant-b"),
+         setup=("audit_a", "audit_b")),
     # --- fleet: shared servers, tenant quotas and tokens
     Page("fleet:overview", scope="list", setup=("server",)),
     Page("fleet:servers-live", scope="list", htmx=True, setup=("server",)),
@@ -626,7 +628,7 @@ def test_console_tenancy(world, page, persona, expected):
         response = client.post(url, data, headers=headers)
     else:
         response = client.get(url, data, headers=headers)
-    body = response.content.decode()
+    body = (b"".join(response.streaming_content) if response.streaming else response.content).decode()
 
     if expected == "login":
         # A GET's data is its query string, which the way back to the page keeps.
