@@ -12,9 +12,12 @@ import os
 from typing import Any
 
 from celery import Celery, Task
+from celery.signals import before_task_publish, task_postrun, task_prerun
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
+
+from console import logs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -36,6 +39,11 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (OperationalError, RedisError, 
 app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# A task logs under the id of the request that sent it (console.logs).
+before_task_publish.connect(logs.carry_into_task, weak=False)
+task_prerun.connect(logs.adopt_in_task, weak=False)
+task_postrun.connect(logs.leave_task, weak=False)
 
 
 def send_now(task: Task, *args: Any) -> bool:

@@ -68,6 +68,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # First: every line logged while serving a request names its id, answered back.
+    "console.logs.RequestIdMiddleware",
     # Before anything reads the session, the user or a form: NUL characters are a 400 here.
     "console.middleware.RefuseNulCharactersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -205,6 +207,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # so it takes tasks again within about a second of the broker coming back.
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CONSUMER = "console.celery:Consumer"
+# The worker logs through LOGGING below (the format chosen, each line's request id and subject),
+# not through a root handler of Celery's own.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 300,
     # A broker that accepts connections but does not answer fails a command after 2 s instead
@@ -424,12 +429,26 @@ if PRODUCTION:
     if not env_bool("SWITCHYARD_HSTS_PRELOAD", False):
         SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
+# Plain text (the demo) or JSON lines (SWITCHYARD_LOG_FORMAT=json, as docker-compose runs it);
+# either way every line names the request id it belongs to and what it is about (console.logs).
+SWITCHYARD_LOG_FORMAT = env_str("SWITCHYARD_LOG_FORMAT", "plain")
+if SWITCHYARD_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(
+        f"SWITCHYARD_LOG_FORMAT must be plain or json, got {SWITCHYARD_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"refusals_in_one_line": {"()": "console.logs.RefusalsInOneLine"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"},
+        "json": {"()": "pythonjsonlogger.json.JsonFormatter",
+                 "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+                 "json_default": str},
+    },
+    "filters": {"refusals_in_one_line": {"()": "console.logs.RefusalsInOneLine"},
+                "with_context": {"()": "console.logs.WithContext"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": SWITCHYARD_LOG_FORMAT,
+                             "filters": ["with_context"]}},
     "root": {"handlers": ["console"], "level": env_str("SWITCHYARD_LOG_LEVEL", "INFO")},
     "loggers": {
         # A 403 (or 400) is one line saying why; a 500 keeps its traceback.

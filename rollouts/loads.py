@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from console import logs
 from fleet import audit, health, quota
 from fleet.adapters.base import READY, AdapterError, ServerRuntime
 from fleet.audit import actor_label
@@ -246,6 +247,7 @@ def _create_loads(
                 requested_by_token=token,
                 requested_by_label=label or actor_label(actor),
                 config_override=config_override,
+                request_id=logs.REQUEST_ID.get(),
             )
             _event(load, f"load of v{version.version} onto {server.name} requested by {load.requested_by_label}")
             audit.record(actor, "requested_load", load, tenant=deployment.tenant,
@@ -357,6 +359,7 @@ def _update(load: ModelLoad, **fields: Any) -> None:
 
 
 def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
+    log.info("%s → %s: %s", load.state, to, message)
     now = timezone.now()
     with transaction.atomic():  # the state and its event, together
         _update(load, state=to, phase_started_at=now, attempts=0, next_attempt_at=None, **fields)
@@ -670,6 +673,12 @@ def advance(load_id: int) -> str | None:
     load = _claim(load_id)
     if load is None:
         return None
+    with logs.acting_for(load.request_id, load=load.pk, server=load.server.name):
+        return _advance(load)
+
+
+def _advance(load: ModelLoad) -> str | None:
+    load_id = load.pk
     try:
         try:
             with _heartbeat(load):

@@ -57,6 +57,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from console import logs
 from fleet import audit, webhooks
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError
@@ -465,7 +466,7 @@ def _create(actor: Any, deployment: Deployment, fields: dict[str, Any], idempote
             idempotency_key=idempotency_key, request_fingerprint=fingerprint,
             requested_by=None if token else actor, requested_by_token=token,
             requested_by_label=actor_label(actor), reason=reason,
-            next_tick_at=timezone.now(), **fields,
+            next_tick_at=timezone.now(), request_id=logs.REQUEST_ID.get(), **fields,
         )
         what = (f"canary of v{rollout.candidate.version} against v{rollout.baseline.version}"
                 if rollout.strategy == Rollout.Strategy.CANARY else
@@ -1336,6 +1337,12 @@ def advance(rollout_id: int, *, force: bool = False) -> tuple[str | None, bool]:
     rollout = _claim(rollout_id, force)
     if rollout is None:
         return None, False
+    with logs.acting_for(rollout.request_id, rollout=rollout.pk):
+        return _advance(rollout)
+
+
+def _advance(rollout: Rollout) -> tuple[str | None, bool]:
+    rollout_id = rollout.pk
     again = False
     try:
         try:

@@ -296,8 +296,8 @@ class RolloutSerializer(serializers.ModelSerializer):
             "step_started_at", "weights", "analysis", "servers", "sticky_header", "duration_s",
             "sample_size", "promote", "alias", "unload_previous", "requires_approval",
             "requested_action", "requested_action_by", "waiting_for", "reason", "verdict",
-            "attempt", "requested_by_label", "idempotency_key", "route_url", "created_at",
-            "updated_at", "started_at", "finished_at",
+            "attempt", "requested_by_label", "idempotency_key", "request_id", "route_url",
+            "created_at", "updated_at", "started_at", "finished_at",
         ]
         read_only_fields = fields
 

@@ -69,6 +69,10 @@ class ModelLoad(models.Model):
         APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     requested_by_label = models.CharField(max_length=200)
+    request_id = models.CharField(
+        max_length=64, blank=True,
+        help_text="The id of the request that asked for it: its steps log under it (console.logs)",
+    )
     unload_requested_by_label = models.CharField(max_length=200, blank=True)
     bytes_total = models.PositiveBigIntegerField(default=0)
     bytes_done = models.PositiveBigIntegerField(default=0)

@@ -117,6 +117,10 @@ class Rollout(models.Model):
         APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     requested_by_label = models.CharField(max_length=200)
+    request_id = models.CharField(
+        max_length=64, blank=True,
+        help_text="The id of the request that asked for it: its steps log under it (console.logs)",
+    )
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     next_tick_at = models.DateTimeField(null=True, blank=True)
