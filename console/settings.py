@@ -235,6 +235,11 @@ SWITCHYARD_WEBHOOK_INTERVAL_S = env_float("SWITCHYARD_WEBHOOK_INTERVAL_S", 2.0, 
 # records that it did (fleet/audit_export.py).
 SWITCHYARD_AUDIT_RETENTION_DAYS = env_int("SWITCHYARD_AUDIT_RETENTION_DAYS", 0, minimum=0)
 CELERY_BEAT_SCHEDULE = {
+    "end-quota-grants": {
+        "task": "fleet.tasks.end_quota_grants",
+        "schedule": timedelta(minutes=1),
+        "options": {"expires": 60},
+    },
     "prune-audit-events": {
         "task": "fleet.tasks.prune_audit",
         "schedule": timedelta(hours=24),

@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from fleet import audit, kube_connection, tokens, webhooks
+from fleet import audit, kube_connection, quota_requests, tokens, webhooks
 from fleet.errors import DomainError, messages_by_field
 from fleet.models import Cluster, Membership, Tenant, Webhook
 
@@ -84,6 +84,57 @@ class TokenForm(DomainForm):
         return tokens.issue(
             self.actor, self.tenants[data["tenant"]], data["name"], data["role"], data["expires_at"]
         )
+
+
+class QuotaRequestForm(DomainForm):
+    """Ask for more quota in one of the actor's tenants (``fleet.quota_requests.ask``): the
+    totals wanted of a device class, why, and until when (UTC; empty: for good)."""
+
+    tenant = forms.ChoiceField(
+        error_messages={"invalid_choice": "not one of your tenants", "required": "choose a tenant"}
+    )
+    device_class = forms.ChoiceField(
+        error_messages={"invalid_choice": "not a device class of the fleet"})
+    units = forms.IntegerField(min_value=0, max_value=100_000, label="Units in all",
+                               help_text="GPUs, or model instances for cpu")
+    memory_mib = forms.IntegerField(min_value=0, max_value=1 << 40, label="Memory in all (MiB)")
+    until = forms.DateTimeField(
+        required=False, label="Until (UTC)",
+        error_messages={"invalid": "enter a date and time such as 2030-01-31T18:00 (UTC)"})
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
+                             error_messages={"required": "say why the tenant needs it"})
+
+    def __init__(self, *args: Any, actor: Any, **kwargs: Any) -> None:
+        super().__init__(*args, actor=actor, **kwargs)
+        self.tenants = {t.slug: t for t in Tenant.objects.visible_to(actor)}
+        self.fields["tenant"].choices = [(slug, t.name) for slug, t in self.tenants.items()]
+        self.fields["device_class"].choices = [(c, c) for c in quota_requests.known_device_classes()]
+
+    def perform(self) -> Any:
+        data = self.cleaned_data
+        return quota_requests.ask(self.actor, self.tenants[data["tenant"]], data["device_class"],
+                                  data["units"], data["memory_mib"], data["reason"], data["until"])
+
+
+class QuotaDecisionForm(DomainForm):
+    """A platform admin's answer to a quota request: approve (as asked, or other totals) or
+    refuse with a reason."""
+
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("refuse", "Refuse")])
+    units = forms.IntegerField(required=False, min_value=0, max_value=100_000)
+    memory_mib = forms.IntegerField(required=False, min_value=0, max_value=1 << 40)
+    reason = forms.CharField(required=False, max_length=2000)
+
+    def __init__(self, *args: Any, request: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request = request
+
+    def perform(self) -> Any:
+        data = self.cleaned_data
+        if data["decision"] == "refuse":
+            return quota_requests.refuse(self.actor, self.request, data["reason"])
+        return quota_requests.approve(self.actor, self.request, data["reason"],
+                                      units=data["units"], memory_mib=data["memory_mib"])
 
 
 class WebhookForm(DomainForm):

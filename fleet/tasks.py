@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from fleet import audit_export, health, kube_sync, webhooks
+from fleet import audit_export, health, kube_sync, quota_requests, webhooks
 
 
 @shared_task(ignore_result=True)
@@ -24,6 +24,12 @@ def check_server(server_id: int) -> None:
 def deliver_webhook(delivery_id: int) -> None:
     """One attempt at one webhook delivery (claims the row; a second call changes nothing)."""
     webhooks.deliver(delivery_id)
+
+
+@shared_task(ignore_result=True)
+def end_quota_grants() -> int:
+    """Every minute: grants past their end date give the quota back."""
+    return quota_requests.end_due()
 
 
 @shared_task(ignore_result=True)

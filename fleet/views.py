@@ -20,7 +20,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 
 from fleet import health, kube_connection, loadstats, tokens, webhooks
 from fleet.errors import DomainError
-from fleet.forms import ClusterForm, TokenForm, WebhookForm
+from fleet.forms import ClusterForm, QuotaDecisionForm, QuotaRequestForm, TokenForm, WebhookForm
 from fleet.models import (
     GPU,
     APIToken,
@@ -31,12 +31,13 @@ from fleet.models import (
     Node,
     Placement,
     Quota,
+    QuotaRequest,
     Tenant,
     Webhook,
     WebhookDelivery,
 )
 from fleet.quota import usage_for
-from fleet.tenancy import has_role, require_platform_admin, require_role
+from fleet.tenancy import has_role, is_platform_admin, require_platform_admin, require_role
 from fleet.visibility import reported_models, reported_models_of
 
 
@@ -333,8 +334,54 @@ def cluster_edit(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def quotas(request: HttpRequest) -> HttpResponse:
     rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant")))
-    template = "fleet/partials/quota_table.html" if request.htmx else "fleet/quotas.html"
-    return render(request, template, {"usages": rows})
+    if request.htmx:
+        return render(request, "fleet/partials/quota_table.html", {"usages": rows})
+    return _quotas_page(request, rows)
+
+
+def _quotas_page(request: HttpRequest, rows: list[Any] | None = None,
+                 form: QuotaRequestForm | None = None, status: int = 200) -> HttpResponse:
+    """The quotas and the requests for more: the ask form for tenant admins, the decision
+    buttons for platform admins."""
+    if rows is None:
+        rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant")))
+    admin_of = [t for t in Tenant.objects.visible_to(request.user)
+                if has_role(request.user, t, Membership.Role.ADMIN)]
+    return render(request, "fleet/quotas.html", {
+        "usages": rows,
+        "requests": QuotaRequest.objects.visible_to(request.user).select_related("tenant")[:50],
+        "ask_form": form or (QuotaRequestForm(actor=request.user) if admin_of else None),
+        "can_decide": is_platform_admin(request.user),
+    }, status=status)
+
+
+@login_required
+@require_POST
+def quota_request_create(request: HttpRequest) -> HttpResponse:
+    """A tenant admin asks for more quota; a refusal comes back on the page's form."""
+    form = QuotaRequestForm(request.POST, actor=request.user)
+    made = form.save()
+    if made is None:
+        return _quotas_page(request, form=form, status=form.status_code)
+    messages.success(request, f"Asked for {made.units} x {made.device_class}: a platform admin decides.")
+    return redirect("fleet:quotas")
+
+
+@login_required
+@require_POST
+def quota_request_decide(request: HttpRequest, pk: int) -> HttpResponse:
+    """A platform admin approves or refuses a quota request."""
+    asked = get_object_or_404(QuotaRequest.objects.visible_to(request.user), pk=pk)
+    require_platform_admin(request.user)
+    form = QuotaDecisionForm(request.POST, actor=request.user, request=asked)
+    done = form.save()
+    if done is None:
+        errors = "; ".join(f"{k}: {' '.join(v)}" if k != "__all__" else " ".join(v)
+                           for k, v in form.errors.items())
+        messages.error(request, f"Quota request {asked.pk}: {errors}")
+    else:
+        messages.success(request, f"Quota request {done.pk} {done.state}.")
+    return redirect("fleet:quotas")
 
 
 def _tokens_page(

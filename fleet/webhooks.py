@@ -46,6 +46,7 @@ EVENTS: dict[str, str] = {
     "rollout.state_changed": "a rollout moved to another state",
     "rollout.approval_needed": "a rollout waits for an approver",
     "rollout.rolled_back": "a rollout rolled back to its baseline",
+    "quota.request_changed": "a quota request was made, approved, refused, or its grant ended",
 }
 PING = "ping"  # sent by the test button to one webhook, whatever its events
 SECRET_PREFIX = "whsec_"

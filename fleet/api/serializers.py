@@ -26,6 +26,7 @@ from fleet.models import (
     Membership,
     Node,
     Quota,
+    QuotaRequest,
     Tenant,
 )
 from fleet.tenancy import role_in
@@ -210,6 +211,39 @@ class QuotaSerializer(ValidatedModelSerializer):
             "id", "tenant", "device_class", "units", "memory_mib", "units_used",
             "memory_used_mib", "updated_at",
         ]
+
+
+class QuotaIncreaseSerializer(StrictFieldsMixin, serializers.ModelSerializer):
+    """A request for more quota. Writable: ``tenant`` (optional for a token or a member of
+    one tenant), ``device_class``, ``units`` and ``memory_mib`` (the totals wanted),
+    ``reason`` and ``until`` (when the grant ends; none: it stays)."""
+
+    tenant = TenantField(required=False, help_text="Tenant slug; optional for API tokens")
+    units = serializers.IntegerField(min_value=0, max_value=100_000)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=1 << 40)
+
+    class Meta:
+        model = QuotaRequest
+        fields = [
+            "id", "tenant", "device_class", "units", "memory_mib", "reason", "until", "state",
+            "requested_by_label", "decided_by_label", "decision_reason", "granted_units",
+            "granted_memory_mib", "previous_units", "previous_memory_mib", "created_at",
+            "decided_at", "ended_at",
+        ]
+        read_only_fields = [
+            "state", "requested_by_label", "decided_by_label", "decision_reason", "granted_units",
+            "granted_memory_mib", "previous_units", "previous_memory_mib", "created_at",
+            "decided_at", "ended_at",
+        ]
+
+
+class QuotaDecisionSerializer(StrictFieldsMixin, serializers.Serializer):
+    """An approval (``units``/``memory_mib`` change what is granted; left out: as asked) or a
+    refusal (``reason`` required)."""
+
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    units = serializers.IntegerField(required=False, min_value=0, max_value=100_000)
+    memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=1 << 40)
 
 
 class ClusterSerializer(ValidatedModelSerializer):

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from fleet import audit, audit_export, health, kube_connection, tokens
+from fleet import audit, audit_export, health, kube_connection, quota_requests, tokens
 from fleet.api import serializers as s
 from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
@@ -31,9 +31,11 @@ from fleet.models import (
     InferenceServer,
     Node,
     Quota,
+    QuotaRequest,
     Tenant,
 )
 from fleet.quota import usage_for
+from fleet.tenancy import require_platform_admin
 from fleet.visibility import reported_models
 
 
@@ -132,6 +134,60 @@ class QuotaViewSet(AuditedFleetViewSet):
 
     def get_object(self) -> Quota:
         return self._with_usage([super().get_object()])[0]
+
+
+class QuotaRequestViewSet(
+    TenantScopedViewSetMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Requests for more quota: a tenant admin asks (``POST``: the totals wanted per device
+    class, a reason, an optional end date); a platform admin approves (as asked, or with other
+    totals) or refuses with a reason. A grant with ``until`` gives the quota back then."""
+
+    queryset = QuotaRequest.objects.select_related("tenant")
+    serializer_class = s.QuotaIncreaseSerializer
+    filterset_fields = ["tenant__slug", "device_class", "state"]
+
+    @extend_schema(responses={
+        201: s.QuotaIncreaseSerializer,
+        409: OpenApiResponse(description="asks for no more than the quota allows now"),
+    })
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().create(request, *args, **kwargs)
+
+    def perform_create(self, serializer: s.QuotaIncreaseSerializer) -> None:
+        data = serializer.validated_data
+        serializer.instance = quota_requests.ask(
+            self.request.user, resolve_tenant(data, self.request.user), data["device_class"],
+            data["units"], data["memory_mib"], data["reason"], data.get("until"))
+
+    def _decide(self, request: Request, approve: bool) -> Response:
+        require_platform_admin(request.user)  # before the lookup: a 403 for every other caller
+        decision = s.QuotaDecisionSerializer(data=request.data)
+        decision.is_valid(raise_exception=True)
+        data = decision.validated_data
+        target = self.get_object()
+        if approve:
+            done = quota_requests.approve(request.user, target, data["reason"],
+                                          units=data.get("units"), memory_mib=data.get("memory_mib"))
+        else:
+            done = quota_requests.refuse(request.user, target, data["reason"])
+        return Response(self.get_serializer(done).data)
+
+    @extend_schema(request=s.QuotaDecisionSerializer, responses=s.QuotaIncreaseSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        """Grant it (platform admins): the tenant's quota becomes the totals granted."""
+        return self._decide(request, approve=True)
+
+    @extend_schema(request=s.QuotaDecisionSerializer, responses=s.QuotaIncreaseSerializer)
+    @action(detail=True, methods=["post"])
+    def refuse(self, request: Request, pk: str | None = None) -> Response:
+        """Refuse it with a reason (platform admins)."""
+        return self._decide(request, approve=False)
 
 
 class ClusterViewSet(AuditedFleetViewSet):

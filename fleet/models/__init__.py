@@ -1,6 +1,6 @@
 from .audit import AuditEvent
 from .inventory import GPU, Cluster, ClusterSync, InferenceServer, Node
-from .quotas import Placement, Quota
+from .quotas import Placement, Quota, QuotaRequest
 from .tenancy import APIToken, Membership, Tenant
 from .webhooks import Webhook, WebhookDelivery
 
@@ -15,6 +15,7 @@ __all__ = [
     "Node",
     "Placement",
     "Quota",
+    "QuotaRequest",
     "Tenant",
     "Webhook",
     "WebhookDelivery",

@@ -97,3 +97,46 @@ class Placement(models.Model):
     def clean(self) -> None:
         if self.units == 0:
             raise ValidationError({"units": "a placement holds at least one unit"})
+
+
+class QuotaRequest(models.Model):
+    """A tenant admin's request for more of one device class, and a platform admin's answer.
+
+    ``units`` and ``memory_mib`` are the totals asked for (not an increment). Approved, the
+    tenant's quota becomes what was granted (``granted_*``: as asked, or changed by the
+    approver); with ``until`` the grant ends then and the quota returns to what it was before
+    (``previous_*``; none when the tenant had no quota of that class).
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        REFUSED = "refused", "Refused"
+        ENDED = "ended", "Ended"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_requests")
+    device_class = models.CharField(max_length=64, validators=[slug_validator])
+    units = models.PositiveIntegerField(help_text="GPUs (model instances for cpu) asked for in all")
+    memory_mib = models.PositiveBigIntegerField(help_text="Memory asked for in all")
+    reason = models.TextField()
+    until = models.DateTimeField(null=True, blank=True, help_text="When the grant ends; empty: it stays")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    requested_by_label = models.CharField(max_length=200)
+    decided_by_label = models.CharField(max_length=200, blank=True)
+    decision_reason = models.TextField(blank=True)
+    granted_units = models.PositiveIntegerField(null=True, blank=True)
+    granted_memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    previous_units = models.PositiveIntegerField(null=True, blank=True)
+    previous_memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    objects = scoped_manager("tenant")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["state", "until"], name="quota_request_due")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.device_class}: {self.units} units, {self.memory_mib} MiB"

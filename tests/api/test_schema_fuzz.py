@@ -7,7 +7,7 @@ The caller is a tenant admin with an API token, in a database holding one of eac
 
 One check is made stricter in our own way. A schema states the shape of each input, not
 whether the model, cluster, tenant or deployment it names exists: random names and ids name
-nothing, and the API answers those with a 400 naming the field (the name is the caller's
+nothing (nor a device class the fleet has none of), and the API answers those with a 400 naming the field (the name is the caller's
 mistake, as a misspelt field would be). Nor can it say what the named server speaks: a
 benchmark's protocol must fit the server's runtime (and gRPC needs its gRPC address), and what
 each request carries is Triton inputs or LLM token counts by that protocol. Nor can it say that a moment lies in the future (a
@@ -122,6 +122,7 @@ UNKNOWN_REFERENCE = re.compile(
     r"^no [a-z][a-z ]* (with|named) "        # no model with name or id '0'; no node named 'x'
     r"|^no node '.*' in cluster "            # no node 'x' in cluster 'y'
     r"| has no (version|alias|server named) "  # fraud-scorer has no version 9
+    r"|^unknown device class "                # a quota request's class the fleet has none of
 )
 # A benchmark protocol the named server does not speak, or a request body of the other
 # protocol's kind (rollouts/benchmarks/jobs.py).

@@ -24,7 +24,7 @@ from django.db import models
 from django.urls import get_resolver
 from rest_framework.test import APIClient
 
-from fleet import health, tokens, webhooks
+from fleet import health, quota_requests, tokens, webhooks
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
@@ -36,6 +36,7 @@ from fleet.models import (
     InferenceServer,
     Node,
     Quota,
+    QuotaRequest,
     Tenant,
     Webhook,
     WebhookDelivery,
@@ -158,6 +159,15 @@ class World:
     @cached_property
     def quota_b(self) -> Quota:
         return QuotaFactory(tenant=self.tenant_b, device_class="cpu")
+
+    @cached_property
+    def quota_request_a(self) -> QuotaRequest:
+        """Alice asks for 8 cpu instances; pending."""
+        return quota_requests.ask(self.persona("alice"), self.tenant_a, "cpu", 8, 4096, "launch")
+
+    @cached_property
+    def quota_request_b(self) -> QuotaRequest:
+        return quota_requests.ask(self.persona(OTHER), self.tenant_b, "cpu", 8, 4096, "launch")
 
     @cached_property
     def token_a(self) -> APIToken:
@@ -567,6 +577,19 @@ OPS: list[Op] = [
     Op("token", "destroy", "DELETE", "tokens/{token_a}/", APIToken, "alice", 204, writer="role",
        role="admin", below=("erin", "bob"), done=lambda w, body: fresh(w.token_a).state == "revoked"),
     *read_ops("quota", "quotas", Quota, ("quota_a", "quota_b")),
+    # Quota requests: a tenant's admin asks; platform admins decide.
+    *read_ops("quotarequest", "quota-requests", QuotaRequest, ("quota_request_a", "quota_request_b")),
+    Op("quotarequest", "create", "POST", "quota-requests/", QuotaRequest, "alice", 201,
+       writer="role", role="admin", below=("erin", "bob"), field="tenant",
+       payload=lambda w: {"tenant": w.tenant_a.slug, "device_class": "cpu", "units": 16,
+                          "memory_mib": 8192, "reason": "black friday"},
+       done=lambda w, body: QuotaRequest.objects.filter(pk=body["id"], state="pending").exists()),
+    Op("quotarequest", "approve", "POST", "quota-requests/{quota_request_a}/approve/", QuotaRequest,
+       "root", 200, writer="platform", payload=lambda w: {"units": 6},
+       done=lambda w, body: Quota.objects.get(tenant=w.tenant_a, device_class="cpu").units == 6),
+    Op("quotarequest", "refuse", "POST", "quota-requests/{quota_request_a}/refuse/", QuotaRequest,
+       "root", 200, writer="platform", payload=lambda w: {"reason": "no capacity"},
+       done=lambda w, body: fresh(w.quota_request_a).state == "refused"),
     *platform_write_ops(
         "quota", "quotas", Quota, "quota_a", scope="tenant",
         create=lambda w: {"tenant": w.tenant_a.slug, "device_class": "nvidia-l4", "units": 2,

@@ -41,6 +41,7 @@ from fleet.models import (
     Cluster,
     InferenceServer,
     Membership,
+    QuotaRequest,
     Webhook,
     WebhookDelivery,
 )
@@ -265,6 +266,7 @@ class Page:
     done: Callable[[World, str], bool] | None = None  # (world, persona) → the effect is there
     setup: tuple[str, ...] = ()  # World attributes to make before the call
     foreign: str | None = None  # a create naming tenant A in this field: refused from elsewhere
+    owned: bool = False  # a platform page on tenant A's object: hidden (404) from elsewhere
 
     @property
     def id(self) -> str:
@@ -287,7 +289,10 @@ class Page:
         if self.role == PLATFORM:
             if persona == ROOT:
                 return self.ok[0]
-            # The cluster is looked up first: someone of no tenant sees none.
+            # The cluster is looked up first: someone of no tenant sees none; a tenant's own
+            # object is hidden from every other tenant too.
+            if self.owned and persona in (OTHER, LONER):
+                return 404
             return 404 if persona == LONER and self.target else 403
         below = persona in TENANT_A and self.role is not None
         if below and Membership.rank(TENANT_A[persona]) < Membership.rank(self.role):
@@ -353,6 +358,16 @@ PAGES: list[Page] = [
     Page("fleet:quotas", scope="list", rows=("tenant-a", "tenant-b"), setup=("quota_a", "quota_b")),
     Page("fleet:quotas", scope="list", htmx=True, rows=("tenant-a", "tenant-b"),
          setup=("quota_a", "quota_b")),
+    # Quota requests: a tenant's admin asks (naming the tenant: refused from elsewhere as a form
+    # error); platform admins decide.
+    Page("fleet:quota-request-create", method="POST", role=Role.ADMIN, ok=(302,), foreign="tenant",
+         data=lambda w: {"tenant": w.tenant_a.slug, "device_class": "cpu", "units": "16",
+                         "memory_mib": "8192", "reason": "black friday"},
+         done=lambda w, p: QuotaRequest.objects.filter(tenant=w.tenant_a, units=16).exists()),
+    Page("fleet:quota-request-decide", "quota_request_a", method="POST", role=PLATFORM, ok=(302,),
+         owned=True,
+         data=lambda w: {"decision": "approve", "units": "6", "memory_mib": "4096"},
+         done=lambda w, p: fresh(w.quota_request_a).state == "approved"),
     # Tokens are listed to their tenant's admins only.
     Page("fleet:tokens", scope="list", rows=("ci-a", "ci-b"), rows_role=Role.ADMIN,
          setup=("token_a", "token_b")),
