@@ -42,6 +42,7 @@ from fleet import tokens
 from fleet.adapters.triton_runtime import TritonServerRuntime
 from fleet.models import InferenceServer, Membership, Tenant
 from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
+from fleet.runtime.triton_local import start_triton, write_demo_repository
 from rollouts import demo, latency, loads, routes
 from rollouts.models import ModelLoad
 
@@ -324,10 +325,26 @@ class Demo:
             assert decided.status_code == 200, decided.content
 
 
+@pytest.fixture(scope="module")
+def local_triton(triton_runtime, tmp_path_factory):
+    """A Triton of the walkthrough's own, with the demo models: the walkthrough registers and
+    loads fraud-scorer v4, and Triton lists a version it was told to unload for as long as it
+    runs, so the session's shared Triton would not stay as the other tests expect it."""
+    base = tmp_path_factory.mktemp("doc-triton")
+    repository = base / "models"
+    server = start_triton(triton_runtime, repository, load_models=write_demo_repository(repository),
+                          log_path=base / "tritonserver.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route_nginx):
     """The demo after ``./scripts/demo`` started and before anyone acted in it, on the
-    session's moto, Triton and nginx; v4 of fraud-scorer is taken off the Triton afterwards."""
+    session's moto and nginx and a Triton of its own; v4 of fraud-scorer is taken off it
+    afterwards."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.SWITCHYARD_S3_ENDPOINT_URL = moto_s3.endpoint_url
     settings.SWITCHYARD_S3_ACCESS_KEY_ID = DEMO_ACCESS_KEY_ID
@@ -358,7 +375,7 @@ def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route
                              Membership.Role.ADMIN)
         yield Demo({"SY": "", "ADMIN_TOKEN": admin.secret})
     finally:
-        # Leave the shared Triton as the session had it: without the walkthrough's version.
+        # Leave the Triton as the next test of the module expects it: without the version.
         runtime = TritonServerRuntime(local_triton.http_url, local_triton.model_repository,
                                       timeout=60)
         index = httpx.post(f"{local_triton.http_url}/v2/repository/index", timeout=5).json()

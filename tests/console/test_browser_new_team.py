@@ -15,6 +15,7 @@ import uuid
 import pytest
 from playwright.sync_api import expect
 
+from fleet.adapters.triton_runtime import TritonServerRuntime
 from fleet.models import Cluster, InferenceServer, Membership, Node
 from rollouts import latency
 from rollouts.models import Deployment, ModelLoad, ModelVersion
@@ -47,6 +48,17 @@ def test_a_new_team_serves_a_model_from_the_console_alone(
     store.ensure_bucket(uri.split("/")[2])
     store.put(uri, blob)
 
+    try:
+        walk(open_page, live_server, s3_worker, tenant, name, blob, uri)
+    finally:
+        # Leave the session's Triton as the other tests expect it: the model gone from it.
+        runtime = TritonServerRuntime(local_triton.http_url, local_triton.model_repository, timeout=60)
+        if (local_triton.model_repository / name).exists():
+            runtime.unload(name, 1, 60)
+            runtime.remove(name, 1)
+
+
+def walk(open_page, live_server, s3_worker, tenant, name: str, blob: bytes, uri: str) -> None:  # noqa: F811
     # dave registers the model and its first version, asking for approval.
     dave = open_page("dave")
     dave.goto(f"{live_server.url}/registry/")
