@@ -95,9 +95,9 @@ class QuotaRequestForm(DomainForm):
     )
     device_class = forms.ChoiceField(
         error_messages={"invalid_choice": "not a device class of the fleet"})
-    units = forms.IntegerField(min_value=0, max_value=100_000, label="Units in all",
+    units = forms.IntegerField(min_value=0, max_value=quota_requests.MAX_UNITS, label="Units in all",
                                help_text="GPUs, or model instances for cpu")
-    memory_mib = forms.IntegerField(min_value=0, max_value=1 << 40, label="Memory in all (MiB)")
+    memory_mib = forms.IntegerField(min_value=0, max_value=quota_requests.MAX_MEMORY_MIB, label="Memory in all (MiB)")
     until = forms.DateTimeField(
         required=False, label="Until (UTC)",
         error_messages={"invalid": "enter a date and time such as 2030-01-31T18:00 (UTC)"})
@@ -121,8 +121,8 @@ class QuotaDecisionForm(DomainForm):
     refuse with a reason."""
 
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("refuse", "Refuse")])
-    units = forms.IntegerField(required=False, min_value=0, max_value=100_000)
-    memory_mib = forms.IntegerField(required=False, min_value=0, max_value=1 << 40)
+    units = forms.IntegerField(required=False, min_value=0, max_value=quota_requests.MAX_UNITS)
+    memory_mib = forms.IntegerField(required=False, min_value=0, max_value=quota_requests.MAX_MEMORY_MIB)
     reason = forms.CharField(required=False, max_length=2000)
 
     def __init__(self, *args: Any, request: Any, **kwargs: Any) -> None:

@@ -37,9 +37,7 @@ def ask(actor: Any, tenant: Tenant, device_class: str, units: int, memory_mib: i
     if device_class not in known:
         raise DomainError(f"unknown device class {device_class!r}; known: {', '.join(known)}",
                           field="device_class")
-    for field, value, most in (("units", units, MAX_UNITS), ("memory_mib", memory_mib, MAX_MEMORY_MIB)):
-        if not 0 <= value <= most:
-            raise DomainError(f"must be between 0 and {most}, got {value}", field=field)
+    _check_amounts(units, memory_mib)
     if not reason.strip():
         raise DomainError("say why the tenant needs it", field="reason")
     if until is not None and until <= timezone.now():
@@ -66,9 +64,7 @@ def approve(actor: Any, request: QuotaRequest, reason: str = "", *, units: int |
     require_platform_admin(actor)
     units = request.units if units is None else units
     memory_mib = request.memory_mib if memory_mib is None else memory_mib
-    for field, value, most in (("units", units, MAX_UNITS), ("memory_mib", memory_mib, MAX_MEMORY_MIB)):
-        if not 0 <= value <= most:
-            raise DomainError(f"must be between 0 and {most}, got {value}", field=field)
+    _check_amounts(units, memory_mib)
     with transaction.atomic():
         locked = _pending(request)
         quota = Quota.objects.select_for_update().filter(
@@ -137,6 +133,12 @@ def end_due(now: datetime | None = None) -> int:
             _notify(grant, f"the grant of {grant.granted_units} x {grant.device_class} ended")
             ended += 1
     return ended
+
+
+def _check_amounts(units: int, memory_mib: int) -> None:
+    for field, value, most in (("units", units, MAX_UNITS), ("memory_mib", memory_mib, MAX_MEMORY_MIB)):
+        if not 0 <= value <= most:
+            raise DomainError(f"must be between 0 and {most}, got {value}", field=field)
 
 
 def _pending(request: QuotaRequest) -> QuotaRequest:

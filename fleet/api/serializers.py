@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.utils import html
 
-from fleet import kube_connection
+from fleet import kube_connection, quota_requests
 from fleet.api.refs import IdOrNameField, NodeField, NotFound, lookup_node
 from fleet.errors import Conflict, messages_by_field
 from fleet.models import (
@@ -219,8 +219,8 @@ class QuotaIncreaseSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     ``reason`` and ``until`` (when the grant ends; none: it stays)."""
 
     tenant = TenantField(required=False, help_text="Tenant slug; optional for API tokens")
-    units = serializers.IntegerField(min_value=0, max_value=100_000)
-    memory_mib = serializers.IntegerField(min_value=0, max_value=1 << 40)
+    units = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_UNITS)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_MEMORY_MIB)
 
     class Meta:
         model = QuotaRequest
@@ -242,8 +242,8 @@ class QuotaDecisionSerializer(StrictFieldsMixin, serializers.Serializer):
     refusal (``reason`` required)."""
 
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
-    units = serializers.IntegerField(required=False, min_value=0, max_value=100_000)
-    memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=1 << 40)
+    units = serializers.IntegerField(required=False, min_value=0, max_value=quota_requests.MAX_UNITS)
+    memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=quota_requests.MAX_MEMORY_MIB)
 
 
 class ClusterSerializer(ValidatedModelSerializer):
