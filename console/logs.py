@@ -94,7 +94,10 @@ class WithContext(logging.Filter):
     and as ``context`` (" [request_id=… load=12]") for the plain one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        fields = {"request_id": REQUEST_ID.get(), **SUBJECT.get()}
+        # Django logs a response's status (django.request) after the middleware returned: the
+        # id is then read from the request the record carries.
+        request_id = REQUEST_ID.get() or getattr(getattr(record, "request", None), "request_id", "")
+        fields = {"request_id": request_id, **SUBJECT.get()}
         fields = {k: v for k, v in fields.items() if v not in ("", None)}
         for key, value in fields.items():
             if not hasattr(record, key):

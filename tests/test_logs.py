@@ -88,6 +88,18 @@ def test_plain_lines_name_them_in_brackets_and_nothing_outside_a_request(capture
     assert second.endswith("switchyard.test: inside [request_id=r-1 rollout=3]")
 
 
+def test_the_line_django_writes_after_the_answer_names_its_request(alice, captured):
+    out = captured("plain")
+    logging.getLogger("django.request").addHandler(logging.getLogger("switchyard.test").handlers[-1])
+    try:
+        client = Client()
+        client.force_login(alice)
+        client.get("/registry/models/999999/", headers={"X-Request-Id": "ci-run-8"})
+    finally:
+        logging.getLogger("django.request").removeHandler(logging.getLogger("switchyard.test").handlers[-1])
+    assert "Not Found: /registry/models/999999/ [request_id=ci-run-8]" in out.getvalue()
+
+
 def test_a_log_sink_that_fails_never_breaks_a_request(alice):
     class Full(io.StringIO):
         def write(self, text: str) -> int:
