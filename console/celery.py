@@ -17,7 +17,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from console import logs
+from console import instrument, logs
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -44,6 +44,9 @@ app.autodiscover_tasks()
 before_task_publish.connect(logs.carry_into_task, weak=False)
 task_prerun.connect(logs.adopt_in_task, weak=False)
 task_postrun.connect(logs.leave_task, weak=False)
+# Every task is counted and timed for /metrics (console.instrument).
+task_prerun.connect(instrument.task_started, weak=False)
+task_postrun.connect(instrument.task_ended, weak=False)
 
 
 def send_now(task: Task, *args: Any) -> bool:

@@ -1,10 +1,13 @@
 """``/metrics``: Switchyard's own Prometheus endpoint.
 
 One registry built per request from :data:`COLLECTORS` (each a ``prometheus_client``
-collector class): today the per-deployment autoscaling signal
-(:class:`DeploymentCollector`); later collectors join the list. Nothing is scraped from the
-servers while answering: the figures are what Switchyard already keeps in Redis and the
-database (``rollouts.autoscaling``).
+collector class): the per-deployment autoscaling signal (:class:`DeploymentCollector`), what
+Switchyard's own processes counted (:class:`TelemetryCollector`: requests by view, Celery
+tasks, reconcile ticks, failed scrapes; fleet.telemetry), the broker's queue lengths
+(:class:`QueueCollector`), and the state of its rows (:class:`StateCollector`: loads,
+rollouts, benchmarks by state, quota use per tenant and device class). Nothing is scraped
+from the servers while answering: the figures are what Switchyard already keeps in Redis
+and the database.
 
 Who may read it (decided in :func:`refusal`):
 
@@ -25,18 +28,23 @@ import hmac
 import ipaddress
 import logging
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from django.conf import settings
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from fleet import quota, telemetry
 from fleet.lockouts import client_ip
+from fleet.models import Quota
 from rollouts import autoscaling
+from rollouts.models import BenchmarkJob, ModelLoad, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +144,149 @@ class DeploymentCollector(Collector):
             "0 when it could not (their live gauges are then absent)", value=up)
 
 
+# --------------------------------------------------------------------------------------------
+# Switchyard's own work: requests, tasks, ticks, scrapes (counted in Redis by every process)
+# --------------------------------------------------------------------------------------------
+
+TELEMETRY_HELP: dict[str, tuple[str, tuple[str, ...]]] = {
+    telemetry.HTTP_REQUESTS: ("Requests answered, by view (URL pattern name), method and status",
+                              ("view", "method", "status")),
+    telemetry.HTTP_DURATION: ("Time to answer a request, by view and method",
+                              ("view", "method")),
+    telemetry.TASKS: ("Celery tasks run, by task and outcome (success, failure, retry)",
+                      ("task", "state")),
+    telemetry.TASK_DURATION: ("Time a Celery task ran, by task", ("task",)),
+    telemetry.TICK_DURATION: ("Time one periodic reconcile tick took, by kind (health, "
+                              "latency_scrape, loads, rollouts, ...)", ("kind",)),
+    telemetry.SCRAPE_FAILURES: ("Metrics scrapes of an inference server that failed, by "
+                                "server", ("cluster", "server")),
+}
+TELEMETRY_UP = "switchyard_telemetry_up"
+
+
+def _strip_total(name: str) -> str:
+    # prometheus_client adds "_total" to a counter family's name itself.
+    return name.removesuffix("_total")
+
+
+class TelemetryCollector(Collector):
+    """The counters and histograms of fleet.telemetry; when Redis cannot be read they are
+    absent (never zeros, which would read as a counter reset) and the up gauge says 0."""
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(TELEMETRY_UP, "")]
+
+    def collect(self) -> Iterator[Metric]:
+        families: list[Metric] = []
+        try:
+            for name in telemetry.COUNTERS:
+                text, labels = TELEMETRY_HELP[name]
+                counter = CounterMetricFamily(_strip_total(name), text, labels=labels)
+                for values, n in telemetry.read_counter(name):
+                    counter.add_metric([values.get(k, "") for k in labels], n)
+                families.append(counter)
+            for name in telemetry.HISTOGRAMS:
+                text, labels = TELEMETRY_HELP[name]
+                histogram = HistogramMetricFamily(name, text, labels=labels)
+                for found in telemetry.read_histogram(name):
+                    histogram.add_metric([found.labels.get(k, "") for k in labels],
+                                         found.buckets, found.total)
+                families.append(histogram)
+            up = 1.0
+        except Exception as exc:  # a scrape shows what it has, and says so
+            log.warning("/metrics: Switchyard's own counters cannot be read from Redis: %s", exc)
+            families, up = [], 0.0
+        yield from families
+        yield GaugeMetricFamily(TELEMETRY_UP, "1 when Switchyard's own request, task and "
+                                "scrape counters could be read from Redis; 0 when not (they "
+                                "are then absent)", value=up)
+
+
+QUEUE_LENGTH = "switchyard_celery_queue_length"
+
+
+class QueueCollector(Collector):
+    """Messages waiting in each of the broker's queues (the Redis list of each queue)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(QUEUE_LENGTH, "", labels=("queue",))]
+
+    def collect(self) -> Iterator[Metric]:
+        from console.celery import app
+
+        family = GaugeMetricFamily(QUEUE_LENGTH, "Celery messages waiting in the queue, not "
+                                   "yet taken by a worker", labels=("queue",))
+        names = {app.conf.task_default_queue, *(q.name for q in app.conf.task_queues or ())}
+        try:
+            with app.connection_for_read() as conn:
+                client = conn.default_channel.client
+                for name in sorted(names):
+                    family.add_metric([name], float(client.llen(name)))
+        except Exception as exc:  # the broker is away: the gauge is absent
+            log.warning("/metrics: queue lengths cannot be read from the broker: %s", exc)
+            family = GaugeMetricFamily(QUEUE_LENGTH, family.documentation, labels=("queue",))
+        yield family
+
+
+# --------------------------------------------------------------------------------------------
+# What the database holds: work by state, quota use
+# --------------------------------------------------------------------------------------------
+
+QUOTA_GAUGES = {
+    "switchyard_quota_units": "Units (GPUs, or model instances for cpu) the tenant's quota allows",
+    "switchyard_quota_units_used": "Units the tenant's loaded and loading versions hold",
+    "switchyard_quota_memory_bytes": "Memory the tenant's quota allows",
+    "switchyard_quota_memory_used_bytes": "Memory the tenant's loaded and loading versions hold",
+    "switchyard_quota_units_borrowed": "Of the units used, those held above the quota, "
+                                       "borrowed from the tenant's cohort",
+    "switchyard_quota_units_lent": "Of the quota's units left, those other members of the "
+                                   "tenant's cohort borrow now",
+}
+MIB = 1024 * 1024
+
+
+def _by_state(name: str, text: str, model: Any) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, text, labels=("tenant", "state"))
+    rows = (model.objects.values_list("tenant__slug", "state").order_by()
+            .annotate(n=Count("pk")))
+    for tenant, state, n in sorted(rows):
+        family.add_metric([tenant, state], float(n))
+    return family
+
+
+class StateCollector(Collector):
+    """Model loads, rollouts and benchmark jobs by tenant and state, and each quota's
+    allowance and use (one aggregate query each)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(n, "") for n in
+                ("switchyard_model_loads", "switchyard_rollouts", "switchyard_benchmark_jobs",
+                 *QUOTA_GAUGES)]
+
+    def collect(self) -> Iterator[Metric]:
+        yield _by_state("switchyard_model_loads", "Model loads, by tenant and state", ModelLoad)
+        yield _by_state("switchyard_rollouts", "Rollouts, by tenant and state", Rollout)
+        yield _by_state("switchyard_benchmark_jobs", "Benchmark jobs, by tenant and state",
+                        BenchmarkJob)
+        labels = ("tenant", "device_class")
+        families = {n: GaugeMetricFamily(n, t, labels=labels) for n, t in QUOTA_GAUGES.items()}
+        quotas = list(Quota.objects.select_related("tenant__cohort"))
+        for use in quota.usage_for(quotas):
+            key = [use.quota.tenant.slug, use.quota.device_class]
+            families["switchyard_quota_units"].add_metric(key, float(use.quota.units))
+            families["switchyard_quota_units_used"].add_metric(key, float(use.units_used))
+            families["switchyard_quota_memory_bytes"].add_metric(key, float(use.quota.memory_mib * MIB))
+            families["switchyard_quota_memory_used_bytes"].add_metric(
+                key, float(use.memory_used_mib * MIB))
+            families["switchyard_quota_units_borrowed"].add_metric(key, float(use.units_borrowed))
+            families["switchyard_quota_units_lent"].add_metric(key, float(use.units_lent))
+        yield from families.values()
+
+
 #: The collectors /metrics serves, in order. Add new ones here.
-COLLECTORS: list[type[Collector]] = [DeploymentCollector]
+COLLECTORS: list[type[Collector]] = [
+    DeploymentCollector, TelemetryCollector, QueueCollector, StateCollector,
+]
 
 
 def registry() -> CollectorRegistry:

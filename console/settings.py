@@ -70,6 +70,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # First: every line logged while serving a request names its id, answered back.
     "console.logs.RequestIdMiddleware",
+    # Counts and times every request by view for /metrics (console.instrument).
+    "console.instrument.RequestMetricsMiddleware",
     # Before anything reads the session, the user or a form: NUL characters are a 400 here.
     "console.middleware.RefuseNulCharactersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -111,6 +113,10 @@ DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'switchyard.sqlite3'}"),
         conn_max_age=env_int("SWITCHYARD_DB_CONN_MAX_AGE", 0, minimum=0),
+        # A connection kept between requests is checked (SELECT 1) before a request first
+        # uses it, so one the database closed meanwhile (a restart, a failover) is replaced
+        # instead of failing that request.
+        conn_health_checks=env_bool("SWITCHYARD_DB_CONN_HEALTH_CHECKS", True),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -186,6 +192,9 @@ SWITCHYARD_ARTIFACT_CACHE = DATA_DIR / "cache" / "artifacts"
 SWITCHYARD_LOAD_TIMEOUT_S = env_float("SWITCHYARD_LOAD_TIMEOUT_S", 120.0, minimum=1.0)
 SWITCHYARD_LOAD_LEASE_S = env_float("SWITCHYARD_LOAD_LEASE_S", 30.0, minimum=1.0)
 SWITCHYARD_LOAD_MAX_ATTEMPTS = env_int("SWITCHYARD_LOAD_MAX_ATTEMPTS", 5, minimum=1)
+# How long a load waits for quota its cohort lent out to be given back (a cohort whose
+# reclaim policy unloads borrowers) before it fails with the refusal.
+SWITCHYARD_RECLAIM_WAIT_S = env_float("SWITCHYARD_RECLAIM_WAIT_S", 120.0, minimum=1.0)
 SWITCHYARD_RECONCILE_INTERVAL_S = env_float("SWITCHYARD_RECONCILE_INTERVAL_S", 2.0, minimum=0.5)
 
 # Live latency (rollouts/latency.py): scrape every server's /metrics this often.

@@ -33,7 +33,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from fleet import loadstats
+from fleet import loadstats, telemetry
 from fleet.adapters import metrics
 from fleet.adapters.base import AdapterError
 from fleet.models import InferenceServer
@@ -148,7 +148,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
 def tick(timeout: float | None = None) -> dict[str, int]:
     """One scrape of every server that carries a deployment. Returns counts for logging."""
     timeout = timeout or settings.SWITCHYARD_SCRAPE_TIMEOUT_S
-    deployments = list(Deployment.objects.prefetch_related("servers").select_related("model"))
+    deployments = list(Deployment.objects.prefetch_related("servers__cluster").select_related("model"))
     servers = {s.pk: s for d in deployments for s in d.servers.all()}
     if not servers:
         return {"servers": 0, "points": 0}
@@ -234,6 +234,8 @@ def _tick(store: redis.Redis, deployments: list[Deployment], servers: dict[int, 
             # The previous scrape stays: the next success spans the gap at the right rate.
             log.info("metrics of %s: %s", scraped.server, scraped.error)
             failed += 1
+            telemetry.count(telemetry.SCRAPE_FAILURES, {"server": scraped.server.name,
+                                              "cluster": scraped.server.cluster.name})
         else:
             windows[pk] = _windows(scraped, store)
             taken[pk] = scraped.taken_at
