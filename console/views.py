@@ -31,7 +31,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "deployment_count": Deployment.objects.visible_to(user).filter(archived_at__isnull=True).count(),
         "servers": servers,
         "healthy_count": sum(s.is_healthy for s in servers),
-        "usages": usage_for(list(Quota.objects.visible_to(user).select_related("tenant"))),
+        "usages": usage_for(list(Quota.objects.visible_to(user).select_related("tenant__cohort"))),
         "recent": AuditEvent.objects.visible_to(user).select_related("tenant")[:8],
         "tenants": Tenant.objects.visible_to(user),
         "now": timezone.now(),

@@ -8,12 +8,13 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models, transaction
 from django.http import HttpRequest
 
-from fleet import audit
+from fleet import audit, quota
 from fleet.models import (
     GPU,
     APIToken,
     AuditEvent,
     Cluster,
+    Cohort,
     InferenceServer,
     Membership,
     Node,
@@ -83,9 +84,25 @@ class QuotaInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
-    list_display = ["slug", "name", "created_at"]
+    list_display = ["slug", "name", "cohort", "created_at"]
+    list_filter = ["cohort"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if "cohort" in form.changed_data:
+            for device_class in obj.quotas.values_list("device_class", flat=True):
+                quota.mark_borrowed(obj, device_class)
+
+
+@admin.register(Cohort)
+class CohortAdmin(AuditedAdmin):
+    """Tenants that lend each other unused quota; members join on the tenant's page, and
+    each quota says how much its tenant may borrow."""
+
+    list_display = ["name", "reclaim", "description", "created_at"]
+    search_fields = ["name"]
 
 
 @admin.register(Membership)
@@ -109,8 +126,13 @@ class APITokenAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(AuditedAdmin):
-    list_display = ["tenant", "device_class", "units", "memory_mib", "updated_at"]
+    list_display = ["tenant", "device_class", "units", "memory_mib", "borrowing_limit_units",
+                    "borrowing_limit_memory_mib", "updated_at"]
     list_filter = ["device_class"]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        quota.mark_borrowed(obj.tenant, obj.device_class)
 
 
 class NodeInline(admin.TabularInline):

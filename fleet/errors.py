@@ -28,9 +28,20 @@ class Conflict(DomainError):
 
 
 class QuotaExceeded(DomainError):
-    """Admission refused: names the resource, what was asked and what is left."""
+    """Admission refused: names the resource, what was asked and what is left.
+
+    ``reclaimable``: when the asker's own quota is lent to other tenants of its cohort, the
+    borrowers' placements that would give it back, lowest priority first
+    (fleet.quota.Reclaimable); ``reclaim_policy`` is the cohort's (``list`` or ``unload``).
+    """
 
     status_code = 409
+
+    def __init__(self, message: str, *, field: str | None = None,
+                 reclaimable: tuple = (), reclaim_policy: str = "") -> None:
+        super().__init__(message, field=field)
+        self.reclaimable = tuple(reclaimable)
+        self.reclaim_policy = reclaim_policy
 
 
 def messages_by_field(exc: ValidationError) -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError
 from fleet.models import GPU, Membership, Quota, QuotaRequest, Tenant
 from fleet.models.quotas import CPU_CLASS
+from fleet.quota import mark_borrowed
 from fleet.tenancy import require_platform_admin, require_role
 
 State = QuotaRequest.State
@@ -74,6 +75,7 @@ def approve(actor: Any, request: QuotaRequest, reason: str = "", *, units: int |
             quota = Quota(tenant=locked.tenant, device_class=locked.device_class)
         quota.units, quota.memory_mib = units, memory_mib
         quota.save()
+        mark_borrowed(locked.tenant, locked.device_class)
         changed = (units, memory_mib) != (locked.units, locked.memory_mib)
         locked.state, locked.decided_at = State.APPROVED, timezone.now()
         locked.decided_by_label, locked.decision_reason = actor_label(actor), reason.strip()
@@ -128,6 +130,7 @@ def end_due(now: datetime | None = None) -> int:
                     after = {"units": quota.units, "memory_mib": quota.memory_mib}
                 audit.record(None, "updated" if after else "deleted", quota, tenant=grant.tenant,
                              before=before, after=after, reason=f"quota request {grant.pk} ended")
+                mark_borrowed(grant.tenant, grant.device_class)
             grant.state, grant.ended_at = State.ENDED, now
             grant.save(update_fields=["state", "ended_at"])
             _notify(grant, f"the grant of {grant.granted_units} x {grant.device_class} ended")

@@ -333,7 +333,7 @@ def cluster_edit(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def quotas(request: HttpRequest) -> HttpResponse:
-    rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant")))
+    rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant__cohort")))
     if request.htmx:
         return render(request, "fleet/partials/quota_table.html", {"usages": rows})
     return _quotas_page(request, rows)
@@ -344,11 +344,15 @@ def _quotas_page(request: HttpRequest, rows: list[Any] | None = None,
     """The quotas and the requests for more: the ask form for tenant admins, the decision
     buttons for platform admins."""
     if rows is None:
-        rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant")))
+        rows = usage_for(list(Quota.objects.visible_to(request.user).select_related("tenant__cohort")))
     admin_of = [t for t in Tenant.objects.visible_to(request.user)
                 if has_role(request.user, t, Membership.Role.ADMIN)]
     return render(request, "fleet/quotas.html", {
         "usages": rows,
+        "borrowed": Placement.objects.visible_to(request.user).filter(
+            state__in=Placement.HOLDING).filter(
+            Q(borrowed_units__gt=0) | Q(borrowed_memory_mib__gt=0)).select_related(
+            "tenant__cohort", "server", "model_version__model").order_by("priority", "-created_at")[:100],
         "requests": QuotaRequest.objects.visible_to(request.user).select_related("tenant")[:50],
         "ask_form": form or (QuotaRequestForm(actor=request.user) if admin_of else None),
         "can_decide": is_platform_admin(request.user),

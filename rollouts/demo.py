@@ -21,7 +21,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from fleet import audit, local_cluster
-from fleet.models import GPU, Cluster, InferenceServer, Membership, Node, Quota, Tenant
+from fleet.models import GPU, Cluster, Cohort, InferenceServer, Membership, Node, Quota, Tenant
 from fleet.runtime.triton_local import DEMO_MODELS_DIR
 from rollouts import loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
@@ -224,15 +224,22 @@ def _seed(password: str, store: object) -> None:
             user.save()
         Membership.objects.update_or_create(user=user, tenant=tenants[slug], defaults={"role": role})
 
-    for slug, device_class, units, memory in [
-        ("acme", "cpu", 8, 4096),
-        ("acme", "nvidia-a100-80gb", 4, 4 * 81920),
-        ("globex", "cpu", 4, 2048),
-        ("globex", "nvidia-l4", 2, 2 * 23034),
+    # Both teams lend each other unused CPU capacity; globex may borrow 2 instances.
+    pool, _ = Cohort.objects.get_or_create(
+        name="cpu-pool", defaults={"description": "The demo's teams share the local CPU servers"})
+    Tenant.objects.filter(pk__in=[t.pk for t in tenants.values()], cohort__isnull=True).update(
+        cohort=pool)
+    for slug, device_class, units, memory, borrow_units, borrow_memory in [
+        ("acme", "cpu", 8, 4096, 0, 0),
+        ("acme", "nvidia-a100-80gb", 4, 4 * 81920, 0, 0),
+        ("globex", "cpu", 4, 2048, 2, 1024),
+        ("globex", "nvidia-l4", 2, 2 * 23034, 0, 0),
     ]:
         Quota.objects.get_or_create(
             tenant=tenants[slug], device_class=device_class,
-            defaults={"units": units, "memory_mib": memory},
+            defaults={"units": units, "memory_mib": memory,
+                      "borrowing_limit_units": borrow_units,
+                      "borrowing_limit_memory_mib": borrow_memory},
         )
 
     _seed_gpu_inventory()

@@ -8,13 +8,24 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from fleet import audit
+from fleet import audit, quota
 from fleet.errors import Conflict
 from fleet.models import Membership, Placement
 from fleet.tenancy import require_role
 from rollouts.models import Deployment, ModelLoad
 
-FIELDS = ["name", "model", "cluster", "production", "slo_p99_ms", "slo_error_rate", "description"]
+FIELDS = ["name", "model", "cluster", "production", "slo_p99_ms", "slo_error_rate", "priority",
+          "description"]
+
+
+def _reprioritise(deployment: Deployment) -> None:
+    """The placements of the deployment's loads take its new priority; borrowed marks follow
+    it (fleet.quota.mark_borrowed keeps them on the lowest priority)."""
+    held = Placement.objects.filter(loads__deployment=deployment, state__in=Placement.HOLDING)
+    classes = set(held.values_list("device_class", flat=True))
+    held.update(priority=deployment.priority)
+    for device_class in classes:
+        quota.mark_borrowed(deployment.tenant, device_class)
 
 
 def save_deployment(
@@ -39,6 +50,8 @@ def save_deployment(
             deployment.save()
             if servers is not None:
                 deployment.servers.set(servers)
+            if not creating and before.get("priority") != deployment.priority:
+                _reprioritise(deployment)
             after = audit.snapshot(deployment, FIELDS)
             if servers is not None:
                 after["servers"] = sorted(s.name for s in servers)

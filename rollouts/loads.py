@@ -28,7 +28,7 @@ from fleet import audit, health, quota
 from fleet.adapters.base import READY, AdapterError, ServerRuntime
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
-from fleet.models import InferenceServer, Membership, Placement
+from fleet.models import Cohort, InferenceServer, Membership, Placement
 from fleet.runtimes import artifact_store_for, runtime_for
 from fleet.tenancy import require_role, token_of
 from rollouts import routes
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 State = ModelLoad.State
 Status = ModelVersion.Status
 PROGRESS_EVERY_S = 0.5
+#: Seconds between two admissions of a load waiting for quota its cohort gives back.
+RECLAIM_RETRY_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,11 +436,48 @@ def config_of(load: ModelLoad) -> dict[str, Any]:
 
 def _admit(load: ModelLoad) -> None:
     units, memory = demand_of(load.version, quota.device_class_of(load.server), config_of(load))
-    placement = quota.admit(load.tenant, load.server, load.version_id, units, memory)
+    try:
+        placement = quota.admit(load.tenant, load.server, load.version_id, units, memory,
+                                priority=load.deployment.priority)
+    except QuotaExceeded as exc:
+        if exc.reclaim_policy == Cohort.Reclaim.UNLOAD and exc.reclaimable:
+            _reclaim(load, exc)
+            return
+        raise
     _move(load, State.ADMITTED,
           f"admitted: holds {placement.units} {'model instance' if placement.device_class == 'cpu' else 'GPU'}"
           f"{'s' if placement.units != 1 else ''} and {placement.memory_mib} MiB on {placement.device_class}",
           placement=placement)
+
+
+def _reclaim(load: ModelLoad, refused: QuotaExceeded) -> None:
+    """The tenant's own quota is lent to others in its cohort, whose policy is to unload
+    borrowers: ask for the listed borrowers' versions to be unloaded, and wait (the load
+    stays pending and is admitted again in a moment), at most SWITCHYARD_RECLAIM_WAIT_S;
+    then it fails with the refusal. A borrower whose version still takes route traffic is
+    kept, and said so."""
+    waited = (timezone.now() - load.created_at).total_seconds()
+    if waited > settings.SWITCHYARD_RECLAIM_WAIT_S:
+        _fail(load, f"{refused.message}; the borrowed quota was not given back within "
+                    f"{settings.SWITCHYARD_RECLAIM_WAIT_S:.0f} s")
+        return
+    asked, kept = [], []
+    label = f"reclaimed for {load.tenant.slug} (cohort {load.tenant.cohort})"
+    for item in refused.reclaimable:
+        held = (ModelLoad.objects.filter(placement_id=item.placement_id)
+                .select_related("deployment", "version", "server").order_by("-pk").first())
+        if held is None or held.state != State.READY:
+            continue  # already on its way out
+        try:
+            unload_for(None, held.deployment, held.version, server_names=[held.server.name],
+                       label=label)
+            asked.append(str(item))
+        except DomainError as exc:
+            kept.append(f"{item} (kept: {exc.message})")
+    note = "; ".join([*(f"unloading {a}" for a in asked), *kept]) or "unloads under way"
+    _update(load, error=refused.message,
+            next_attempt_at=timezone.now() + timedelta(seconds=RECLAIM_RETRY_S))
+    _event(load, f"waiting for quota lent to the cohort to come back: {note}")
 
 
 def _fetch(load: ModelLoad, *, move: bool = True) -> Any:

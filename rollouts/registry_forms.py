@@ -208,6 +208,10 @@ class DeploymentForm(DomainForm):
     slo_p99_ms = forms.IntegerField(min_value=1, max_value=INT_MAX, initial=500, label="p99 latency SLO (ms)")
     slo_error_rate = forms.DecimalField(min_value=0, max_value=100, max_digits=5, decimal_places=2,
                                         initial="1.00", label="Error-rate ceiling (%)")
+    priority = forms.IntegerField(
+        min_value=-1000, max_value=1000, initial=0, required=False,
+        help_text="When borrowed quota is reclaimed by a tenant of your cohort, the lowest "
+                  "priority goes first")
     description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 3}))
 
     def __init__(self, *args: Any, deployment: Deployment | None = None, **kwargs: Any) -> None:
@@ -216,7 +220,8 @@ class DeploymentForm(DomainForm):
                 "name": deployment.name, "model": deployment.model_id,
                 "cluster": deployment.cluster_id, "servers": list(deployment.servers.all()),
                 "production": deployment.production, "slo_p99_ms": deployment.slo_p99_ms,
-                "slo_error_rate": deployment.slo_error_rate, "description": deployment.description,
+                "slo_error_rate": deployment.slo_error_rate, "priority": deployment.priority,
+                "description": deployment.description,
             })
         super().__init__(*args, **kwargs)
         self.deployment = deployment
@@ -237,6 +242,8 @@ class DeploymentForm(DomainForm):
             deployment = Deployment.objects.get(pk=self.deployment.pk)
         for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate"):
             setattr(deployment, name, data[name])
+        if data["priority"] is not None:  # left empty: as it was (0 for a new deployment)
+            deployment.priority = data["priority"]
         deployment.name = deployment.name.strip()
         deployment.description = data["description"].strip()
         return deployments.save_deployment(self.actor, deployment, servers)

@@ -408,7 +408,7 @@ def _create(
         units, memory = demand(version, workload.quota_replicas)
         try:
             placement = quota.admit_on_class(deployment.tenant, server, version.pk, klass,
-                                             units, memory)
+                                             units, memory, priority=deployment.priority)
         except QuotaExceeded as exc:
             if not workload.autoscaled:
                 raise
@@ -576,7 +576,7 @@ def roll_version(workload: ServerWorkload, version: ModelVersion,
                              locked.gpu_resource, locked.cluster)
         try:
             placement = quota.admit_on_class(locked.tenant, locked.server, version.pk, klass,
-                                             units, memory)
+                                             units, memory, priority=locked.deployment.priority)
         except QuotaExceeded as exc:
             raise QuotaExceeded(
                 f"v{version.version} holds its quota beside v{before.version}'s until the new "

@@ -65,6 +65,13 @@ def served_state(entry: object) -> str:
 
 
 @register.filter
+def counted(value: int, plural_label: str) -> str:
+    """A count with its unit, singular for one: '1 GPU', '2 GPUs', '1 model instance'."""
+    label = plural_label[:-1] if value == 1 and plural_label.endswith("s") else plural_label
+    return f"{value} {label}"
+
+
+@register.filter
 def mib(value: int | None) -> str:
     """MiB as a readable size: '512 MiB', '80 GiB'."""
     if value is None:

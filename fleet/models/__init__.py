@@ -1,7 +1,7 @@
 from .audit import AuditEvent
 from .inventory import GPU, Cluster, ClusterSync, InferenceServer, Node
 from .quotas import Placement, Quota, QuotaRequest
-from .tenancy import APIToken, Membership, Tenant
+from .tenancy import APIToken, Cohort, Membership, Tenant
 from .webhooks import Webhook, WebhookDelivery
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "AuditEvent",
     "Cluster",
     "ClusterSync",
+    "Cohort",
     "InferenceServer",
     "Membership",
     "Node",

@@ -26,6 +26,10 @@ class Quota(models.Model):
     device_class = models.CharField(max_length=64, validators=[slug_validator])
     units = models.PositiveIntegerField(help_text="GPUs, or model instances for the cpu class")
     memory_mib = models.PositiveBigIntegerField(help_text="GPU memory, or host memory for cpu")
+    borrowing_limit_units = models.PositiveIntegerField(
+        default=0, help_text="Units the tenant may borrow from its cohort above its quota")
+    borrowing_limit_memory_mib = models.PositiveBigIntegerField(
+        default=0, help_text="Memory the tenant may borrow from its cohort above its quota")
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = scoped_manager("tenant")
@@ -55,7 +59,10 @@ class Placement(models.Model):
     """One model version loaded on one server, holding quota while it is active.
 
     States: loading → active → released. Only ``loading`` and ``active`` placements count
-    against quota.
+    against quota. ``borrowed_*``: how much of it the tenant holds above its own quota,
+    borrowed from its cohort (fleet.quota keeps these marks on the tenant's newest, lowest
+    priority placements). ``priority`` comes from the deployment: when a lender reclaims,
+    the lowest priority goes first.
     """
 
     class State(models.TextChoices):
@@ -73,6 +80,9 @@ class Placement(models.Model):
     device_class = models.CharField(max_length=64, validators=[slug_validator])
     units = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
+    borrowed_units = models.PositiveIntegerField(default=0)
+    borrowed_memory_mib = models.PositiveBigIntegerField(default=0)
+    priority = models.IntegerField(default=0)
     config_hash = models.CharField(max_length=64, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.LOADING)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -15,11 +15,43 @@ slug_validator = RegexValidator(
 )
 
 
+class Cohort(models.Model):
+    """Tenants that lend each other the quota they do not use (Kueue's cohort).
+
+    A member may hold more of a device class than its own quota, up to that quota's
+    borrowing limit, while the members' quotas of the class together are not all used. What
+    a member holds above its own quota is borrowed, and marked so on the placements that hold
+    it. When a lender asks for its own quota back and the cohort has none free, what could be
+    reclaimed (the borrowers' placements, lowest priority first) is listed in the refusal;
+    with ``reclaim`` set to *unload* those are also unloaded and the lender's load waits for
+    them.
+    """
+
+    class Reclaim(models.TextChoices):
+        LIST = "list", "List what could be reclaimed"
+        UNLOAD = "unload", "Unload borrowers, lowest priority first"
+
+    name = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    description = models.CharField(max_length=500, blank=True)
+    reclaim = models.CharField(max_length=16, choices=Reclaim.choices, default=Reclaim.LIST,
+                               help_text="What a lender's admission does when its quota is lent out")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Tenant(models.Model):
     """A team that owns models, deployments, quota and tokens. Tenants never see each other."""
 
     slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
+    cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="tenants",
+                               help_text="Tenants that lend each other unused quota")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = scoped_manager("id")

@@ -38,7 +38,7 @@ from django.utils import timezone
 from fleet import audit, quota
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
-from fleet.models import InferenceServer, Membership, Quota
+from fleet.models import InferenceServer, Membership
 from fleet.tenancy import require_role, token_of
 from rollouts import loads
 from rollouts.benchmarks import sweep
@@ -90,19 +90,12 @@ def _check_quota(deployment: Deployment, version: ModelVersion, server: Inferenc
             and not configs:
         return
     device_class = quota.device_class_of(server)
-    row = Quota.objects.filter(tenant=deployment.tenant, device_class=device_class).first()
-    if row is None:
-        raise QuotaExceeded(f"tenant {deployment.tenant.slug} has no quota for device class "
-                            f"{device_class}", field="quota")
-    usage = quota.usage_for([row])[0]
     for override in configs or [None]:
         units, memory = loads.demand_of(version, device_class, full_config(version, override))
-        if units > usage.units_left or memory > usage.memory_left_mib:
-            raise QuotaExceeded(
-                f"config {config_label(override)} of v{version.version} needs {units} unit{'s' if units != 1 else ''} of "
-                f"{device_class} and {memory} MiB; {usage.units_left} and "
-                f"{usage.memory_left_mib} MiB left in {deployment.tenant.slug}'s quota",
-                field="quota")
+        decision = quota.assess(deployment.tenant, device_class, units, memory)
+        if not decision.admitted:
+            raise QuotaExceeded(f"config {config_label(override)} of v{version.version}: "
+                                f"{decision.refusal()}", field="quota")
 
 
 def _shares_production(server: InferenceServer) -> bool:

@@ -43,6 +43,11 @@ class Deployment(models.Model):
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("100"))],
         help_text="Error-rate ceiling in percent",
     )
+    priority = models.IntegerField(
+        default=0, validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
+        help_text="-1000 to 1000: when a cohort lender reclaims borrowed quota, the versions "
+                  "of the lowest priority deployments are reclaimed first",
+    )
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

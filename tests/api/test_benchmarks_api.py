@@ -264,7 +264,7 @@ def test_a_quota_too_small_for_the_load_is_a_409_on_quota(dave, setup, tenant_a)
 
     response = ask(api_as(dave), setup)
 
-    assert "needs 1 unit of cpu" in field_error(response, "quota", 409)
+    assert "asks 1, 0 left of 0" in field_error(response, "quota", 409)
 
 
 def test_a_viewer_may_read_but_not_start_or_cancel(bob, dave, setup):

@@ -577,6 +577,10 @@ OPS: list[Op] = [
     Op("token", "destroy", "DELETE", "tokens/{token_a}/", APIToken, "alice", 204, writer="role",
        role="admin", below=("erin", "bob"), done=lambda w, body: fresh(w.token_a).state == "revoked"),
     *read_ops("quota", "quotas", Quota, ("quota_a", "quota_b")),
+    # Admission's explained decision: any member of the quota's tenant may ask.
+    Op("quota", "admission", "GET", "quotas/{quota_a}/admission/", Quota, "bob", 200,
+       payload=lambda w: {"units": 1, "memory_mib": 64},
+       done=lambda w, body: body["admitted"] is True and body["explanation"].startswith("needs 1")),
     # Quota requests: a tenant's admin asks; platform admins decide.
     *read_ops("quotarequest", "quota-requests", QuotaRequest, ("quota_request_a", "quota_request_b")),
     Op("quotarequest", "create", "POST", "quota-requests/", QuotaRequest, "alice", 201,

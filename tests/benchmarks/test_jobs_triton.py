@@ -205,4 +205,4 @@ def test_one_job_per_server_and_quota_first(world):
     jobs.run_to_end(first.pk)
     with pytest.raises(QuotaExceeded) as short:  # the world's quota holds 4 cpu instances
         jobs.create_job(world.user, world.deployment, version=1, configs=[{"instance_group": 8}])
-    assert short.value.field == "quota" and "8 units" in str(short.value)
+    assert short.value.field == "quota" and "asks 8, 4 left of 4" in str(short.value)
