@@ -61,6 +61,8 @@ RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/swi
 USER switchyard
 
 EXPOSE 8000
-# Worker processes: WEB_CONCURRENCY (3 by default); more gunicorn flags via GUNICORN_CMD_ARGS.
+# Worker processes: WEB_CONCURRENCY (3 by default: the cores given to the container plus one;
+# the API's requests are CPU-bound, and threads or more processes only share the same cores,
+# bench/api.py); more gunicorn flags via GUNICORN_CMD_ARGS.
 # No control socket: gunicorn's default one is shared by every server of the same home directory.
 CMD ["gunicorn", "console.wsgi", "--bind", "0.0.0.0:8000", "--access-logfile", "-", "--no-control-socket"]

@@ -12,6 +12,7 @@ guess would still tell a right guess from a wrong one. Expired and revoked token
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 from typing import Any
@@ -116,8 +117,15 @@ def audit_login_lockout(sender: Any, request: HttpRequest, username: str | None,
 # --- API tokens -------------------------------------------------------------------------------
 
 
+@functools.cache
+def _client(url: str) -> redis.Redis:
+    # One client (and connection pool) per process and URL: every API request with a token
+    # asks it, and a new client per request would open and close a connection each time.
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    return _client(settings.REDIS_URL)
 
 
 def _token_key(address: str) -> str:

@@ -94,7 +94,9 @@ def authenticate(raw: str) -> tuple[APIToken | None, str]:
     match = TOKEN_RE.match(raw)
     if match is None:
         return None, "malformed token"
-    token = APIToken.objects.select_related("tenant").filter(prefix=match["prefix"]).first()
+    # The prefix is unique: ordered by id, not by the model's tenant slug and name (a sort).
+    token = (APIToken.objects.select_related("tenant").filter(prefix=match["prefix"])
+             .order_by().first())
     if token is None or not hmac.compare_digest(token.digest, _digest(raw)):
         return None, "invalid token"
     if token.is_revoked:

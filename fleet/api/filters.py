@@ -215,6 +215,14 @@ class FilterBackend(DjangoFilterBackend):
 
     filterset_base = FilterSet
 
+    def filter_queryset(self, request: Request, queryset: QuerySet, view: Any) -> QuerySet:
+        # A single row read without query parameters: no filter applies (DeploymentFilter's
+        # default hides archived rows from lists only), and building the filter set and its
+        # form for nothing costs a good share of a short request.
+        if getattr(view, "detail", False) and not request.query_params:
+            return queryset
+        return super().filter_queryset(request, queryset, view)
+
     def get_filterset(self, request: Request, queryset: QuerySet, view: Any) -> Any:
         filterset_class = self.get_filterset_class(view, queryset)
         if filterset_class is None:

@@ -162,10 +162,13 @@ class TenantField(serializers.SlugRelatedField):
 
 class TenantSerializer(serializers.ModelSerializer):
     role = serializers.SerializerMethodField(help_text="Your role in this tenant")
+    cohort = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True,
+        help_text="The cohort whose members lend each other unused quota (null: none)")
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "role", "created_at"]
+        fields = ["id", "slug", "name", "role", "cohort", "created_at"]
 
     @extend_schema_field(serializers.ChoiceField(choices=Membership.Role.choices))
     def get_role(self, tenant: Tenant) -> str | None:
@@ -201,16 +204,79 @@ class IssuedTokenSerializer(APITokenSerializer):
 
 
 class QuotaSerializer(ValidatedModelSerializer):
+    """A tenant's quota of one device class, what it holds now, and its cohort: what it may
+    borrow above the quota (``borrowing_limit_*``, set by a platform admin), what it borrows
+    now (``*_borrowed``) and what of its own quota other members borrow (``*_lent``)."""
+
     tenant = TenantField()
+    units = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_UNITS)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_MEMORY_MIB)
+    borrowing_limit_units = serializers.IntegerField(
+        min_value=0, max_value=quota_requests.MAX_UNITS, required=False,
+        help_text="Units the tenant may borrow from its cohort above its quota")
+    borrowing_limit_memory_mib = serializers.IntegerField(
+        min_value=0, max_value=quota_requests.MAX_MEMORY_MIB, required=False,
+        help_text="Memory (MiB) the tenant may borrow from its cohort above its quota")
+    cohort = serializers.SlugRelatedField(source="tenant.cohort", slug_field="name",
+                                          read_only=True, allow_null=True)
     units_used = serializers.IntegerField(read_only=True, default=0)
     memory_used_mib = serializers.IntegerField(read_only=True, default=0)
+    units_borrowed = serializers.IntegerField(read_only=True, default=0)
+    memory_borrowed_mib = serializers.IntegerField(read_only=True, default=0)
+    units_lent = serializers.IntegerField(read_only=True, default=0)
+    memory_lent_mib = serializers.IntegerField(read_only=True, default=0)
 
     class Meta:
         model = Quota
         fields = [
-            "id", "tenant", "device_class", "units", "memory_mib", "units_used",
-            "memory_used_mib", "updated_at",
+            "id", "tenant", "device_class", "units", "memory_mib", "borrowing_limit_units",
+            "borrowing_limit_memory_mib", "cohort", "units_used", "memory_used_mib",
+            "units_borrowed", "memory_borrowed_mib", "units_lent", "memory_lent_mib",
+            "updated_at",
         ]
+
+
+class AdmissionQuerySerializer(StrictFieldsMixin, serializers.Serializer):
+    """What to ask admission about: ``units`` and ``memory_mib`` more of the quota's class."""
+
+    units = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_UNITS)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=quota_requests.MAX_MEMORY_MIB,
+                                          required=False, default=0)
+
+
+class AdmissionAmountSerializer(serializers.Serializer):
+    asked = serializers.IntegerField()
+    quota = serializers.IntegerField()
+    used = serializers.IntegerField()
+    free = serializers.IntegerField(help_text="Of the quota, free now (not held, not lent out)")
+    lent = serializers.IntegerField(help_text="Of the quota, borrowed by other cohort members now")
+    borrowed = serializers.IntegerField(help_text="Held above the quota now, borrowed")
+    borrowing_limit = serializers.IntegerField()
+    borrowable = serializers.IntegerField(help_text="May be borrowed from the cohort now")
+    borrow = serializers.IntegerField(help_text="What this admission would borrow")
+    cohort_free = serializers.IntegerField(allow_null=True)
+
+
+class ReclaimableSerializer(serializers.Serializer):
+    placement_id = serializers.IntegerField()
+    tenant = serializers.CharField()
+    units = serializers.IntegerField(help_text="Units it borrows")
+    memory_mib = serializers.IntegerField(help_text="Memory it borrows")
+    priority = serializers.IntegerField()
+
+
+class AdmissionSerializer(serializers.Serializer):
+    """Admission's decision, as a load of that size would get it now (nothing is reserved)."""
+
+    admitted = serializers.BooleanField()
+    explanation = serializers.CharField()
+    refusal = serializers.CharField(help_text="Why it would be refused; empty when admitted")
+    device_class = serializers.CharField()
+    cohort = serializers.CharField(help_text="The tenant's cohort; empty: none")
+    reclaim_policy = serializers.CharField()
+    units = AdmissionAmountSerializer()
+    memory = AdmissionAmountSerializer()
+    reclaimable = ReclaimableSerializer(many=True)
 
 
 class QuotaIncreaseSerializer(StrictFieldsMixin, serializers.ModelSerializer):

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from fleet import audit, audit_export, health, kube_connection, quota_requests, tokens
+from fleet import audit, audit_export, health, kube_connection, quota, quota_requests, tokens
 from fleet.api import serializers as s
 from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
@@ -34,15 +34,15 @@ from fleet.models import (
     QuotaRequest,
     Tenant,
 )
-from fleet.quota import usage_for
+from fleet.quota import Decision, usage_for
 from fleet.tenancy import require_platform_admin
 from fleet.visibility import reported_models
 
 
 class TenantViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):
-    """Tenants you belong to, with your role in each."""
+    """Tenants you belong to, with your role in each and their cohort."""
 
-    queryset = Tenant.objects.all()
+    queryset = Tenant.objects.select_related("cohort")
     serializer_class = s.TenantSerializer
     filterset_fields = ["slug"]
 
@@ -114,19 +114,56 @@ class AuditedFleetViewSet(FleetViewSet):
             instance.delete()
 
 
+def decision_body(decision: Decision) -> dict[str, Any]:
+    def amount(a: Any) -> dict[str, Any]:
+        return {name: getattr(a, name) for name in (
+            "asked", "quota", "used", "free", "lent", "borrowed", "borrowing_limit",
+            "borrowable", "borrow", "cohort_free")}
+
+    return {
+        "admitted": decision.admitted, "explanation": decision.explanation,
+        "refusal": decision.refusal(), "device_class": decision.device_class,
+        "cohort": decision.cohort, "reclaim_policy": decision.reclaim_policy,
+        "units": amount(decision.units), "memory": amount(decision.memory),
+        "reclaimable": [vars(r) for r in decision.reclaimable],
+    }
+
+
 class QuotaViewSet(AuditedFleetViewSet):
     """Quota per tenant per device class, with live usage from active placements."""
 
-    queryset = Quota.objects.select_related("tenant")
+    queryset = Quota.objects.select_related("tenant__cohort")
     serializer_class = s.QuotaSerializer
     filterset_fields = ["tenant__slug", "device_class"]
     audit_tenant_field = "tenant"
 
     def _with_usage(self, quotas: list[Quota]) -> list[Quota]:
         for usage in usage_for(quotas):
-            usage.quota.units_used = usage.units_used
-            usage.quota.memory_used_mib = usage.memory_used_mib
+            for name in ("units_used", "memory_used_mib", "units_borrowed", "memory_borrowed_mib",
+                         "units_lent", "memory_lent_mib"):
+                setattr(usage.quota, name, getattr(usage, name))
         return quotas
+
+    def perform_create(self, serializer: BaseSerializer) -> None:
+        super().perform_create(serializer)
+        quota.mark_borrowed(serializer.instance.tenant, serializer.instance.device_class)
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        super().perform_update(serializer)
+        quota.mark_borrowed(serializer.instance.tenant, serializer.instance.device_class)
+
+    @extend_schema(parameters=[s.AdmissionQuerySerializer], responses={200: s.AdmissionSerializer})
+    @action(detail=True, methods=["get"], permission_classes=[IsAuthenticated])
+    def admission(self, request: Request, pk: str | None = None) -> Response:
+        """What admission would decide now for ``units`` and ``memory_mib`` more of this
+        quota's device class, and why: free in the quota, borrowable from the cohort,
+        what would be reclaimed. Reserves nothing."""
+        query = s.AdmissionQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        row = self.get_object()
+        decision = quota.assess(row.tenant, row.device_class, query.validated_data["units"],
+                                query.validated_data["memory_mib"])
+        return Response(s.AdmissionSerializer(decision_body(decision)).data)
 
     def paginate_queryset(self, queryset: QuerySet) -> list[Quota] | None:
         page = super().paginate_queryset(queryset)

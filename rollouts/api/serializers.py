@@ -28,6 +28,28 @@ from rollouts.models import (
 )
 
 
+def prefetched(relation: str) -> str:
+    """The attribute a view's ``Prefetch(relation, to_attr=prefetched(relation))`` fills with
+    a plain list of the related rows. Without ``to_attr`` Django gives every row of a page a
+    related manager and a filtered queryset to hold its share, which cost more than reading
+    the related rows themselves (a quarter of a page of 50 loads with their events)."""
+    return f"{relation}_prefetched"
+
+
+def related_rows(instance: Any, relation: str) -> Any:
+    """The related rows a view prefetched into a list, else the relation's ``all()``."""
+    rows = getattr(instance, prefetched(relation), None)
+    return rows if rows is not None else getattr(instance, relation).all()
+
+
+class PrefetchedListSerializer(serializers.ListSerializer):
+    """A nested list read from the view's ``to_attr`` prefetch when there is one."""
+
+    def get_attribute(self, instance: Any) -> Any:
+        rows = getattr(instance, prefetched(self.source), None)
+        return rows if rows is not None else super().get_attribute(instance)
+
+
 class VisibleModelField(IdOrNameField):
     """A model by id or by name, limited to the models the caller can see (others read as
     unknown; a name two of the caller's tenants use needs the id)."""
@@ -53,7 +75,7 @@ class ModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
         validators: list[Any] = []
 
     def get_aliases(self, model: Model) -> dict[str, int]:
-        return {a.name: a.version.version for a in model.aliases.all()}
+        return {a.name: a.version.version for a in related_rows(model, "aliases")}
 
     def validate_tenant(self, tenant: Any) -> Any:
         if self.instance is not None and tenant != self.instance.tenant:
@@ -138,8 +160,11 @@ class AliasSerializer(StrictFieldsMixin, serializers.ModelSerializer):
 class ServerNamesField(serializers.ListField):
     """Server names in, server names out (the model holds a many-to-many of servers)."""
 
+    def get_attribute(self, instance: Any) -> Any:
+        return related_rows(instance, self.source)
+
     def to_representation(self, data: Any) -> list[str]:
-        return sorted(server.name for server in data.all())
+        return sorted(server.name for server in data)
 
 
 PERCENT = re.compile(r"(100(\.0{0,2})?|[0-9]{1,2}(\.[0-9]{0,2})?)")
@@ -181,7 +206,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
-            "slo_error_rate", "description", "route_url", "created_at", "updated_at",
+            "slo_error_rate", "priority", "description", "route_url", "created_at", "updated_at",
             "archived_at",
         ]
         read_only_fields = ["created_at", "updated_at", "archived_at"]
@@ -219,6 +244,13 @@ class ModelLoadEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelLoadEvent
         fields = ["created_at", "state", "message"]
+        list_serializer_class = PrefetchedListSerializer
+
+    def to_representation(self, event: ModelLoadEvent) -> dict[str, Any]:
+        # A page of 50 loads carries hundreds of events: three plain fields each, written
+        # without DRF's walk over fields and attribute sources (the same output).
+        return {"created_at": self.fields["created_at"].to_representation(event.created_at),
+                "state": event.state, "message": event.message}
 
 
 class ModelLoadSerializer(serializers.ModelSerializer):

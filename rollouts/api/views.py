@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Max, Prefetch
+from django.db.models import Model as DjangoModel
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -18,7 +19,7 @@ from fleet.api.base import TenantScopedViewSetMixin, idempotency_key, resolve_te
 from fleet.api.filters import FilterSet, parse_integer
 from fleet.api.refs import IdOrNameFilter
 from fleet.errors import DomainError
-from fleet.models import Cluster
+from fleet.models import Cluster, InferenceServer
 from rollouts import approvals, deployments, latency, loads, registry
 from rollouts.api import serializers as s
 from rollouts.api.filters import DeploymentFilter
@@ -28,6 +29,28 @@ from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 MIN_WINDOW_S = 60
 MAX_WINDOW_S = 30 * 86400
 DEFAULT_WINDOW_S = 900
+
+
+def _own_fields(model: type[DjangoModel]) -> list[str]:
+    """Every column of ``model``, for an ``only()`` that narrows its related rows alone."""
+    return [f.name for f in model._meta.concrete_fields]
+
+
+class ReadsLean:
+    """Lists and single reads load of each related row only what the serializer shows
+    (``read_only``: the ``only()`` paths, the viewset's own columns all kept); writes and
+    other actions get the full rows. A list of 50 loads or deployments then builds no
+    server with its reported models, no version with its Triton config, no cluster with its
+    credentials: each such row is columns to decode and a model instance to fill."""
+
+    read_only: tuple[str, ...] = ()
+    action: str | None
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()  # type: ignore[misc]
+        if self.action not in ("list", "retrieve"):
+            return queryset
+        return queryset.only(*_own_fields(queryset.model), *self.read_only)
 
 
 def _visible_models(request: Request | None) -> Any:
@@ -93,9 +116,15 @@ class ModelViewSet(
     """Models in the registry. Creating is idempotent: the same name answers 200 with the
     existing model."""
 
+    # The latest version is a subquery per row (an index lookup on (model, version)), not a
+    # GROUP BY over every version: a page reads 50 models, and the page's count query, which
+    # leaves the subquery out, counts models alone.
     queryset = Model.objects.select_related("tenant").prefetch_related(
-        Prefetch("aliases", queryset=Alias.objects.select_related("version"))
-    ).annotate(latest_version=Max("versions__version")).order_by("tenant__slug", "name")
+        Prefetch("aliases", queryset=Alias.objects.select_related("version").only(
+            "model", "name", "version__version"), to_attr=s.prefetched("aliases"))
+    ).annotate(latest_version=Subquery(
+        ModelVersion.objects.filter(model=OuterRef("pk")).order_by("-version").values("version")[:1]
+    )).order_by("tenant__slug", "name")
     serializer_class = s.ModelSerializer
     filterset_fields = {"tenant__slug": ["exact"], "name": ["exact", "icontains"]}
 
@@ -119,6 +148,7 @@ class ModelViewSet(
 
 
 class ModelVersionViewSet(
+    ReadsLean,
     TenantScopedViewSetMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -131,6 +161,8 @@ class ModelVersionViewSet(
     queryset = ModelVersion.objects.select_related(
         "model__tenant", "registered_by", "registered_by_token"
     )
+    read_only = ("model__name", "model__tenant__slug", "registered_by__username",
+                 "registered_by_token__name")
     serializer_class = s.ModelVersionSerializer
     filterset_class = VersionFilterSet
     ordering_fields = ["version", "created_at"]
@@ -213,15 +245,25 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
         registry.delete_alias(self.request.user, instance)
 
 
-class DeploymentViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
+class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewSet):
     """Deployments: a model on a cluster, with its SLO. ``model`` and ``cluster`` are ids or
     names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
     queryset = Deployment.objects.select_related(
         "tenant", "model", "cluster", "route"
     ).prefetch_related("servers")
+    read_only = ("tenant__slug", "model__name", "cluster__name", "route__url", "route__state")
     serializer_class = s.DeploymentSerializer
     filterset_class = DeploymentRefFilter
+
+    def get_queryset(self) -> QuerySet:
+        queryset = super().get_queryset()
+        if self.action in ("list", "retrieve"):
+            # Only the servers' names are shown.
+            queryset = queryset.prefetch_related(None).prefetch_related(
+                Prefetch("servers", queryset=InferenceServer.objects.only("name"),
+                         to_attr=s.prefetched("servers")))
+        return queryset
 
     @extend_schema(
         parameters=[OpenApiParameter(
@@ -284,6 +326,7 @@ def _since(request: Request) -> float | None:
 
 
 class ModelLoadViewSet(
+    ReadsLean,
     TenantScopedViewSetMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -301,7 +344,8 @@ class ModelLoadViewSet(
 
     queryset = ModelLoad.objects.select_related(
         "deployment", "server", "version__model"
-    ).prefetch_related("events")
+    ).prefetch_related(Prefetch("events", to_attr=s.prefetched("events")))
+    read_only = ("deployment__name", "server__name", "version__version", "version__model__name")
     serializer_class = s.ModelLoadSerializer
     filterset_class = LoadFilterSet
 

@@ -133,8 +133,8 @@ NOT_SPOKEN = re.compile(
 NUL_REFUSED = re.compile(r"NUL characters are not allowed|cannot contain NUL characters")
 # A free-form JSON value (a benchmark's KServe inputs, a Triton config) has no schema bound on
 # every number in it; the parser refuses integers no field stores (2**64 and past) anywhere.
-FREE_FORM_NUMBER = re.compile(r"^request\.inputs\[\d+\]\.data\[[\d\]\[]+\.*: the number "
-                              r"\S+ \(\d+ characters\) is out of range$")
+FREE_FORM_NUMBER = re.compile(r"^request\.inputs\[\d+\]\..*: the number "
+                              r"\S+( \(\d+ characters\))? is out of range$", re.DOTALL)
 IN_THE_PAST = re.compile(r"^must be in the future$")
 
 
