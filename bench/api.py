@@ -24,9 +24,14 @@ deployments, loads, quotas, audit events; one of the 12 at random for each reque
   as the last one is answered;
 * the CI-like level (``--ci-clients`` 50): each client pauses ``--think-ms`` (1000) on
   average between its requests (exponential pauses), as pipelines that poll and work between
-  their calls do.
+  their calls do;
+* the floor (``--floor-clients`` 50): a closed loop sending the same requests without a token,
+  which the API answers 401 before it reads any table (no SQL, no serializer): what the web
+  stack itself (gunicorn, Django's middleware, DRF's dispatch, the clients) allows on this
+  machine, a bound no endpoint that reads the database can beat.
 
-Every non-2xx answer, failed connection and timeout is an error.
+Every non-2xx answer (at the floor: every answer but 401), failed connection and timeout is an
+error.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ from freshness import deferred_signals, free_port, start_child, wait_until
 from loads import REPO_ROOT, check_stop, run_bench, say
 
 DEFAULT_LEVELS = (1, 10, 50)
+# A level's kind: its tag in the JSON keys (p99_ms_c50, p99_ms_ci50, p99_ms_floor50) and its
+# label in the table.
+TAGS = {"closed": "c", "ci": "ci", "floor": "floor"}
+LABELS = {"closed": "", "ci": "CI", "floor": "floor"}
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
@@ -442,6 +451,22 @@ def count_queries(world: World, endpoints: dict[str, tuple[str, list[str]]]) -> 
     return counts
 
 
+def count_floor_queries(endpoints: dict[str, tuple[str, list[str]]]) -> int:
+    """SQL statements the floor's request (no token) runs before its 401 (none, as measured
+    here: a change that makes it read a table shows in the table's header line)."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(HTTP_HOST="127.0.0.1", HTTP_ACCEPT="application/json")
+    path = next(iter(endpoints.values()))[1][0]
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(path)
+    if response.status_code != 401:
+        raise RuntimeError(f"{path} without a token answered {response.status_code}, not 401")
+    return len(queries)
+
+
 # --------------------------------------------------------------------------------------------
 # gunicorn as the image runs it
 # --------------------------------------------------------------------------------------------
@@ -508,15 +533,23 @@ def wait_ready(web: Web, secret: str) -> None:
     wait_until("gunicorn", ok, web.child, START_TIMEOUT_S)
 
 
-def process_cpu_s(pids: list[int]) -> float:
+def process_cpu_s(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (user + system) so far of each process still running."""
     import psutil
 
-    total = 0.0
+    taken = {}
     for pid in pids:
         with contextlib.suppress(psutil.Error):
             times = psutil.Process(pid).cpu_times()
-            total += times.user + times.system
-    return total
+            taken[pid] = times.user + times.system
+    return taken
+
+
+def cpu_used_s(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds taken between two samples by the processes running at the second (a
+    process started in between counts from 0; one that ended in between, a database
+    connection gunicorn closed, leaves out what it took since the first)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def server_pids(web: Web, database: str) -> tuple[list[int], list[int]]:
@@ -553,11 +586,14 @@ class Client:
     when the server closes it (as HTTP client libraries do, a request that met a connection
     the server had just closed, before any answer, is sent again once; the time counts)."""
 
-    def __init__(self, port: int, secret: str, endpoints: dict[str, tuple[str, list[str]]],
-                 rng: random.Random) -> None:
+    def __init__(self, port: int, secret: str | None,
+                 endpoints: dict[str, tuple[str, list[str]]], rng: random.Random) -> None:
+        """``secret`` None: requests without a token, whose right answer is 401."""
         self.port = port
-        self.head = (f"Host: 127.0.0.1:{port}\r\nAuthorization: Bearer {secret}\r\n"
+        auth = f"Authorization: Bearer {secret}\r\n" if secret else ""
+        self.head = (f"Host: 127.0.0.1:{port}\r\n{auth}"
                      "Accept: application/json\r\nUser-Agent: switchyard-bench\r\n\r\n").encode()
+        self.expect_401 = secret is None
         self.names = list(endpoints)
         self.endpoints = endpoints
         self.rng = rng
@@ -619,11 +655,12 @@ class Client:
             elapsed = time.perf_counter() - started
             if not keep:
                 self.close()
-            return name, elapsed, "" if 200 <= status < 300 else f"http {status}"
+            ok = status == 401 if self.expect_401 else 200 <= status < 300
+            return name, elapsed, "" if ok else f"http {status}"
         raise AssertionError("unreachable")
 
 
-async def run_level(clients: int, port: int, secret: str,
+async def run_level(clients: int, port: int, secret: str | None,
                     endpoints: dict[str, tuple[str, list[str]]], warmup_s: float,
                     seconds: float, think_s: float, seed: int) -> Level:
     """``clients`` clients for ``warmup_s`` + ``seconds``; requests sent in the window count."""
@@ -696,34 +733,39 @@ def loadavg() -> list[float]:
 
 def measure(args: argparse.Namespace, web: Web, world: World, database: str,
             endpoints: dict[str, tuple[str, list[str]]]) -> list[dict[str, Any]]:
-    """Each level in turn: the closed-loop ones (``--clients``), then the CI-like one."""
+    """Each level in turn: the closed-loop ones (``--clients``), the CI-like one, the floor."""
     from rollouts.benchmarks.engine import new_loop
 
-    plan = [(clients, 0.0) for clients in args.clients]
+    plan = [("closed", clients, 0.0) for clients in args.clients]
     if args.ci_clients:
-        plan.append((args.ci_clients, args.think_ms))
+        plan.append(("ci", args.ci_clients, args.think_ms))
+    if args.floor_clients:
+        plan.append(("floor", args.floor_clients, 0.0))
     loop = new_loop()
     results = []
     try:
-        for clients, think_ms in plan:
+        for kind, clients, think_ms in plan:
             check_stop()
-            how = f", each pausing {think_ms:g} ms on average" if think_ms else ""
+            how = {"closed": "", "ci": f", each pausing {think_ms:g} ms on average",
+                   "floor": " without a token (answered 401, no SQL)"}[kind]
             say(f"{clients} client(s){how}: {args.warmup:g} s warm-up, {args.seconds:g} s "
                 "measured…")
             gunicorn, backends = server_pids(web, database)
             cpu_before = (process_cpu_s(gunicorn), process_cpu_s(backends), time.process_time())
             level = loop.run_until_complete(run_level(
-                clients, web.port, world.secret, endpoints, args.warmup, args.seconds,
-                think_ms / 1000, args.seed))
+                clients, web.port, None if kind == "floor" else world.secret, endpoints,
+                args.warmup, args.seconds, think_ms / 1000, args.seed))
             gunicorn, backends = server_pids(web, database)
             cpu_after = (process_cpu_s(gunicorn), process_cpu_s(backends), time.process_time())
             summary = summarize(level)
+            summary["kind"] = kind
             summary["think_ms"] = think_ms
             elapsed = args.warmup + args.seconds
+            used = (cpu_used_s(cpu_before[0], cpu_after[0]),
+                    cpu_used_s(cpu_before[1], cpu_after[1]), cpu_after[2] - cpu_before[2])
             summary["cpu_share"] = {
-                part: round((after - before) / elapsed / (os.cpu_count() or 1), 3)
-                for part, before, after in zip(("gunicorn", "postgres", "clients"),
-                                               cpu_before, cpu_after)
+                part: round(seconds / elapsed / (os.cpu_count() or 1), 3)
+                for part, seconds in zip(("gunicorn", "postgres", "clients"), used)
             }
             say(f"  {summary['rps']:.0f} req/s, p50 {summary['p50_ms']:.1f} ms, "
                 f"p99 {summary['p99_ms']:.1f} ms, {summary['errors']} error(s)")
@@ -761,6 +803,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     say(f"  seeded in {time.monotonic() - seeded:.1f} s")
     endpoints = paths_of(world)
     queries = count_queries(world, endpoints)
+    floor_queries = count_floor_queries(endpoints)
     connections.close_all()
 
     say("starting gunicorn as the image runs it…")
@@ -775,6 +818,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "errors": sum(level["errors"] for level in levels),
         "database": database,
         "queries": queries,
+        "floor_queries": floor_queries,
         "seeded": world.counts,
         "gunicorn": {"command": web.argv, "env": web.env},
         "seconds": args.seconds,
@@ -785,13 +829,13 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "bench_s": round(time.monotonic() - started, 1),
     }
     for level in levels:
-        tag = f"ci{level['clients']}" if level["think_ms"] else f"c{level['clients']}"
+        tag = f"{TAGS[level['kind']]}{level['clients']}"
         for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms"):
             result[f"{key}_{tag}"] = level[key]
         for key in ("rps", "requests", "errors"):
             result[f"{key}_{tag}"] = level[key]
-    closed = [level for level in levels if not level["think_ms"]]
-    ci = [level for level in levels if level["think_ms"]]
+    closed = [level for level in levels if level["kind"] == "closed"]
+    ci = [level for level in levels if level["kind"] == "ci"]
     if closed:
         result["endpoints"] = _with_queries(closed[-1]["endpoints"], queries)
     if ci:
@@ -821,7 +865,7 @@ def print_table(r: dict[str, Any]) -> None:
     ]
     for level in r["levels"]:
         cpu = level["cpu_share"]
-        label = f"{level['clients']} CI" if level["think_ms"] else str(level["clients"])
+        label = f"{level['clients']} {LABELS[level['kind']]}".strip()
         out.append(
             f"{label:>12}{level['requests']:10d}{level['rps']:8.0f}"
             + "".join(f"{level[k]:8.1f}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
@@ -829,13 +873,18 @@ def print_table(r: dict[str, Any]) -> None:
             f"{cpu['clients']:7.0%}")
     out.append("(ms; N: N clients each sending its next request as soon as the last is "
                "answered" + (f"; N CI: N clients each pausing {r['think_ms']:g} ms on average "
-                             "between requests)" if "think_ms" in r else ")"))
-    closed = [level for level in r["levels"] if not level["think_ms"]]
+                             "between requests" if "think_ms" in r else "")
+               + ("; N floor: N clients sending without pause and without a token, answered "
+                  f"401 with {r['floor_queries']} SQL statements: the web stack's own limit"
+                  if any(
+                      level["kind"] == "floor" for level in r["levels"]) else "") + ")")
+    closed = [level for level in r["levels"] if level["kind"] == "closed"]
     columns = []
     if "endpoints" in r:
         columns.append((f"{closed[-1]['clients']} clients", r["endpoints"]))
     if "endpoints_ci" in r:
-        columns.append((f"{r['levels'][-1]['clients']} CI", r["endpoints_ci"]))
+        ci = next(level for level in r["levels"] if level["kind"] == "ci")
+        columns.append((f"{ci['clients']} CI", r["endpoints_ci"]))
     out += ["", "per endpoint (ms; queries: SQL statements per request):",
             f"  {'endpoint':22}{'queries':>8}"
             + "".join(f"{f'p50 {t}':>16}{f'p99 {t}':>16}" for t, _ in columns)]
@@ -859,6 +908,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci-clients", type=int, default=50,
                         help="the CI-like level: clients pausing --think-ms between their "
                              "requests (default 50; 0: none)")
+    parser.add_argument("--floor-clients", type=int, default=50,
+                        help="the floor: clients sending without pause and without a token, "
+                             "answered 401 before any SQL (default 50; 0: none)")
     parser.add_argument("--think-ms", type=float, default=1000.0,
                         help="mean pause of a CI-like client, exponential (default 1000)")
     parser.add_argument("--seconds", type=float, default=10.0,
@@ -889,7 +941,8 @@ def main(argv: list[str] | None = None) -> int:
         args.loads = 20 * args.deployments
     if not args.clients and not args.ci_clients:
         parser.error("give at least one level: --clients N... or --ci-clients N")
-    if min([*args.clients, 1]) < 1 or args.ci_clients < 0 or args.seconds <= 0 \
+    if min([*args.clients, 1]) < 1 or min(args.ci_clients, args.floor_clients) < 0 \
+            or args.seconds <= 0 \
             or args.warmup < 0 or args.think_ms <= 0:
         parser.error("clients must be at least 1, seconds and think time positive, warm-up "
                      "not negative")

@@ -43,7 +43,8 @@ def test_the_api_bench_runs_and_reports_sane_numbers():
 
     done = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "api.py"), "--versions", "20", "--audit",
-         "200", "--clients", "2", "--ci-clients", "2", "--think-ms", "50", "--seconds", "1",
+         "200", "--clients", "2", "--ci-clients", "2", "--think-ms", "50", "--floor-clients", "2",
+         "--seconds", "1",
          "--warmup", "0.5", "--json"],
         cwd=REPO_ROOT,
         env=env,
@@ -56,13 +57,18 @@ def test_the_api_bench_runs_and_reports_sane_numbers():
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout)
     assert result["errors"] == 0, [level["first_errors"] for level in result["levels"]]
-    for tag in ("c2", "ci2"):  # closed loop, and CI-like (pausing between requests)
+    # Closed loop, CI-like (pausing between requests), and the floor (no token: every answer a
+    # 401, or it counts as an error, and no SQL before it).
+    for tag in ("c2", "ci2", "floor2"):
         assert isinstance(result[f"p99_ms_{tag}"], float) and result[f"p99_ms_{tag}"] > 0
         assert result[f"rps_{tag}"] > 0 and result[f"requests_{tag}"] > 0
         assert result[f"p50_ms_{tag}"] <= result[f"p99_ms_{tag}"] <= result[f"max_ms_{tag}"]
     assert result["think_ms"] == 50
     assert set(result["endpoints"]) <= ENDPOINTS and set(result["queries"]) == ENDPOINTS
     assert all(count >= 2 for count in result["queries"].values())
+    assert result["floor_queries"] == 0
+    assert [level["kind"] for level in result["levels"]] == ["closed", "ci", "floor"]
+    assert all(share >= 0 for level in result["levels"] for share in level["cpu_share"].values())
     assert result["seeded"]["versions"] == 20 and result["seeded"]["audit_events"] == 200
     assert result["gunicorn"]["command"][:2] == ["gunicorn", "console.wsgi"]
     # Its database is gone again.
