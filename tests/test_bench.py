@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench
+
 KEYS = (
     "load_s_median",
     "load_warm_s_median",
@@ -22,20 +17,7 @@ KEYS = (
 
 @pytest.mark.triton
 def test_the_load_bench_runs_and_reports_positive_timings():
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "loads.py"), "--runs", "1", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = run_bench("loads.py", "--runs", "1", leave_out=("DATABASE_URL",))
     for key in KEYS:
         assert isinstance(result.get(key), float) and result[key] > 0, (key, result.get(key))
     assert result["runs"] == 1

@@ -7,15 +7,10 @@ smoke tests, which it runs with (slow, end to end), though it needs no Triton.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench
+
 ENDPOINTS = {f"{resource} {kind}" for resource in (
     "models", "versions", "deployments", "loads", "quotas", "audit-events")
     for kind in ("list", "detail")}
@@ -38,24 +33,11 @@ def test_the_api_bench_runs_and_reports_sane_numbers():
     admin = _postgres()
     if admin is None:
         pytest.skip("no PostgreSQL on 127.0.0.1:5432 with trust authentication")
+
     # The bench makes its own database; the caller's must not leak in (its Redis may).
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "api.py"), "--versions", "20", "--audit",
-         "200", "--clients", "2", "--ci-clients", "2", "--think-ms", "50", "--floor-clients", "2",
-         "--seconds", "1",
-         "--warmup", "0.5", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = run_bench("api.py", "--versions", "20", "--audit", "200", "--clients", "2",
+                       "--ci-clients", "2", "--think-ms", "50", "--floor-clients", "2",
+                       "--seconds", "1", "--warmup", "0.5", leave_out=("DATABASE_URL",))
     assert result["errors"] == 0, [level["first_errors"] for level in result["levels"]]
     # Closed loop, CI-like (pausing between requests), and the floor (no token: every answer a
     # 401, or it counts as an error, and no SQL before it).

@@ -3,37 +3,20 @@ goal: the 80% and 10% goals are the bench's to report, on a quiet machine)."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench_logged
 
 
 @pytest.mark.triton
 def test_the_engine_vs_wrk_bench_runs_and_reports_both_rates():
     if shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (scripts/test installs Debian's wrk)")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
 
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "engine_vs_wrk.py"),
-         "--duration", "1", "--runs", "1", "--concurrency", "4", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result, progress = run_bench_logged("engine_vs_wrk.py", "--duration", "1", "--runs", "1",
+                                        "--concurrency", "4")
     assert [row["concurrency"] for row in result["levels"]] == [4]
     row = result["levels"][0]
     for key in ("engine_rps", "wrk_rps", "engine_p50_ms", "wrk_p50_ms", "engine_cpu_us",
@@ -48,4 +31,4 @@ def test_the_engine_vs_wrk_bench_runs_and_reports_both_rates():
     assert result["passed"] == (row["rps_ok"] and row["p50_ok"])
     assert result["duration_s"] == 1 and result["runs"] == 1
     assert result["triton_version"] and result["wrk_version"].startswith("wrk")
-    assert "c=4 run 1/1 engine" in done.stderr and "c=4 run 1/1 wrk" in done.stderr
+    assert "c=4 run 1/1 engine" in progress and "c=4 run 1/1 wrk" in progress

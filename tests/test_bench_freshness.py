@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench
+
 KEYS = (
     "freshness_s_median",
     "freshness_s_p90",
@@ -22,20 +17,7 @@ KEYS = (
 @pytest.mark.triton
 def test_the_freshness_bench_runs_and_reports_sane_numbers():
     # The bench starts its own database and Redis: none of the caller's may leak in.
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "freshness.py"), "--samples", "3", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = run_bench("freshness.py", "--samples", "3")
     for key in KEYS:
         assert isinstance(result.get(key), float) and result[key] > 0, (key, result.get(key))
     assert result["samples"] == 3

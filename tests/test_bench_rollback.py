@@ -3,35 +3,17 @@ the rollback time, false rollbacks and detection rate are measured, not unit-tes
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench
+
 QUICK = {"regressions": 2, "aa_runs": 3, "simulations": 60}  # bench/rollback.py's --quick
 
 
 @pytest.mark.triton
 def test_the_rollback_bench_runs_and_reports_sane_numbers():
     # The bench starts its own database and Redis: none of the caller's may leak in.
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "rollback.py"), "--quick", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = run_bench("rollback.py", "--quick", timeout=400)
     assert result["regressions"] == QUICK["regressions"]
     assert result["aa_runs"] >= QUICK["aa_runs"]
     # Every canary ran to an end the bench recognises.

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_run import run_bench
+
 KEYS = (
     "direct_p50_ms_c1",
     "route_p50_ms_c1",
@@ -30,22 +26,9 @@ KEYS = (
 def test_the_router_bench_runs_and_reports_sane_numbers(tool):
     if tool == "wrk" and shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (scripts/test installs Debian's wrk)")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     extra = ["--seconds", "1"] if tool == "wrk" else ["--no-wrk", "--requests", "64"]
 
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "router.py"),
-         *extra, "--changes", "2", "--reloads", "2", "--json"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = run_bench("router.py", *extra, "--changes", "2", "--reloads", "2")
     assert result["load_tool"].startswith("wrk" if tool == "wrk" else "python")
     for key in KEYS:
         assert isinstance(result.get(key), float) and result[key] > 0, (key, result.get(key))
