@@ -29,6 +29,7 @@ from tests.factories import (
     ModelFactory,
     UserFactory,
 )
+from tests.rollups import requests_rolled_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton]
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
@@ -73,7 +74,7 @@ def test_the_deployment_page_follows_real_traffic(open_page, live_server, local_
     newest = api["versions"]["v1"]["points"][-1]
     expect(row.locator("td").nth(1)).to_have_text(f"{newest['rps']:.1f} req/s", timeout=10_000)
     assert sent == 30
-    assert LatencyRollup.objects.get(deployment=deployment, label="v1").requests == sent
+    assert requests_rolled_up(deployment, "v1") == sent
     expect(page.locator("[data-age]").first).to_contain_text("updated")
 
     # Traffic moves to v2: on the open page v2's rate rises and v1's drops to zero.
@@ -84,7 +85,7 @@ def test_the_deployment_page_follows_real_traffic(open_page, live_server, local_
     expect(v2.locator("td").nth(1)).not_to_have_text("0.0 req/s", timeout=10_000)
     expect(v2.locator("td").nth(1)).to_have_text(re.compile(r"^\d+\.\d req/s$"))
     expect(row.locator("td").nth(1)).to_have_text("0.0 req/s")
-    assert LatencyRollup.objects.get(deployment=deployment, label="v2").requests == 10
+    assert requests_rolled_up(deployment, "v2") == 10
     assert page.evaluate("window.__notReloaded") is True
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "live-latency.png"), full_page=True)

@@ -26,6 +26,7 @@ from tests.factories import (
     ModelFactory,
     UserFactory,
 )
+from tests.rollups import requests_rolled_up
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
@@ -94,7 +95,7 @@ def test_a_dead_server_does_not_hold_up_the_others(deployment, local_triton, set
 
     assert result["failed"] == 3
     assert took < 3 * settings.SWITCHYARD_SCRAPE_TIMEOUT_S + 1
-    assert LatencyRollup.objects.get(deployment=deployment, label="v1").requests == 3
+    assert requests_rolled_up(deployment, "v1") == 3
 
 
 def test_history_survives_losing_the_live_window(deployment, local_triton, settings):
@@ -161,9 +162,7 @@ def test_a_vllm_deployment_shows_time_to_first_token_and_inter_token_latency(loc
     latency.tick()
 
     point = latency.series(dep)["versions"][local_vllm.served_model_name]["points"][-1]
-    rollup = LatencyRollup.objects.get(deployment=dep)
-
-    assert rollup.requests == 3
+    assert requests_rolled_up(dep) == 3
     assert 0 < point["ttft_p50_ms"] < 60_000
     assert 0 < point["itl_p50_ms"] < 60_000
     assert point["p50_ms"] >= point["ttft_p50_ms"]
