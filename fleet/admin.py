@@ -89,12 +89,6 @@ class TenantAdmin(AuditedAdmin):
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline]
 
-    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        super().save_model(request, obj, form, change)
-        if "cohort" in form.changed_data:
-            for device_class in obj.quotas.values_list("device_class", flat=True):
-                quota.mark_borrowed(obj, device_class)
-
 
 @admin.register(Cohort)
 class CohortAdmin(AuditedAdmin):

@@ -116,11 +116,6 @@ def count(name: str, labels: Mapping[str, str], n: int = 1) -> None:
     record(counts=[(name, labels, n)])
 
 
-def observe(name: str, labels: Mapping[str, str], seconds: float) -> None:
-    """Count one duration into histogram ``name`` for ``labels``. Never raises."""
-    record(durations=[(name, labels, seconds)])
-
-
 @dataclass
 class Histogram:
     """One label set's histogram: cumulative bucket counts, ready for exposition."""
@@ -166,10 +161,3 @@ def resume() -> None:
     """Record again at once, without waiting out the pause after a failure (tests)."""
     global _skip_until
     _skip_until = 0.0
-
-
-def clear(names: Iterable[str]) -> None:
-    """Forget the given metrics (tests, and an operator starting the counts afresh)."""
-    keys = [_key(n) for n in names]
-    if keys:
-        _reader().delete(*keys)

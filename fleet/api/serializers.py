@@ -266,10 +266,12 @@ class ReclaimableSerializer(serializers.Serializer):
 
 
 class AdmissionSerializer(serializers.Serializer):
-    """Admission's decision, as a load of that size would get it now (nothing is reserved)."""
+    """Admission's decision (a fleet.quota.Decision), as a load of that size would get it now
+    (nothing is reserved)."""
 
     admitted = serializers.BooleanField()
     explanation = serializers.CharField()
+    # Decision.refusal() is a method; DRF calls a source that takes no required argument.
     refusal = serializers.CharField(help_text="Why it would be refused; empty when admitted")
     device_class = serializers.CharField()
     cohort = serializers.CharField(help_text="The tenant's cohort; empty: none")

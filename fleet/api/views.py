@@ -34,7 +34,7 @@ from fleet.models import (
     QuotaRequest,
     Tenant,
 )
-from fleet.quota import Decision, usage_for
+from fleet.quota import usage_for
 from fleet.tenancy import require_platform_admin
 from fleet.visibility import reported_models
 
@@ -114,21 +114,6 @@ class AuditedFleetViewSet(FleetViewSet):
             instance.delete()
 
 
-def decision_body(decision: Decision) -> dict[str, Any]:
-    def amount(a: Any) -> dict[str, Any]:
-        return {name: getattr(a, name) for name in (
-            "asked", "quota", "used", "free", "lent", "borrowed", "borrowing_limit",
-            "borrowable", "borrow", "cohort_free")}
-
-    return {
-        "admitted": decision.admitted, "explanation": decision.explanation,
-        "refusal": decision.refusal(), "device_class": decision.device_class,
-        "cohort": decision.cohort, "reclaim_policy": decision.reclaim_policy,
-        "units": amount(decision.units), "memory": amount(decision.memory),
-        "reclaimable": [vars(r) for r in decision.reclaimable],
-    }
-
-
 class QuotaViewSet(AuditedFleetViewSet):
     """Quota per tenant per device class, with live usage from active placements."""
 
@@ -163,7 +148,7 @@ class QuotaViewSet(AuditedFleetViewSet):
         row = self.get_object()
         decision = quota.assess(row.tenant, row.device_class, query.validated_data["units"],
                                 query.validated_data["memory_mib"])
-        return Response(s.AdmissionSerializer(decision_body(decision)).data)
+        return Response(s.AdmissionSerializer(decision).data)
 
     def paginate_queryset(self, queryset: QuerySet) -> list[Quota] | None:
         page = super().paginate_queryset(queryset)
