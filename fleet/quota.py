@@ -194,9 +194,24 @@ class Reclaimable:
     priority: int
 
     def __str__(self) -> str:
-        # Names no model: a lender reads this, and another tenant's models are not its to see.
-        return (f"placement {self.placement_id} of {self.tenant} ({self.units} borrowed, "
-                f"{self.memory_mib} MiB, priority {self.priority})")
+        # Names no tenant, placement or model: a lender reads this (refusals, its load's
+        # events, the audit log), and another tenant's placements are not its to see.
+        return f"a placement borrowing {self.units} and {self.memory_mib} MiB"
+
+
+@dataclass(frozen=True)
+class ReclaimSummary:
+    """How much :attr:`Decision.reclaimable` would give back, counted (what a lender may
+    see of other tenants' placements: how many, how much, never whose)."""
+
+    placements: int = 0
+    units: int = 0
+    memory_mib: int = 0
+
+    def __str__(self) -> str:
+        noun = "placement" if self.placements == 1 else "placements"
+        return (f"{self.placements} {noun} of other tenants borrowing {self.units} and "
+                f"{self.memory_mib} MiB")
 
 
 @dataclass(frozen=True)
@@ -216,6 +231,12 @@ class Decision:
     @property
     def admitted(self) -> bool:
         return self.quota is not None and self.units.fits and self.memory.fits
+
+    @property
+    def reclaim(self) -> ReclaimSummary:
+        """What :attr:`reclaimable` adds up to, naming no one."""
+        return ReclaimSummary(len(self.reclaimable), sum(r.units for r in self.reclaimable),
+                              sum(r.memory_mib for r in self.reclaimable))
 
     def _part(self, amount: Amount, unit: str) -> str:
         text = f"{amount.free}{unit} free in quota"
@@ -265,10 +286,9 @@ class Decision:
                 text += (f"; {amount.lent}{unit} of its own quota is lent to other tenants of "
                          f"cohort {self.cohort}")
                 if self.reclaimable:
-                    listed = "; ".join(str(r) for r in self.reclaimable)
                     action = ("unloading" if self.reclaim_policy == Cohort.Reclaim.UNLOAD
                               else "reclaimable")
-                    text += f", {action}, lowest priority first: {listed}"
+                    text += f", {action}, lowest priority first: {self.reclaim}"
             return text
         return ""
 

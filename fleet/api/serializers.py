@@ -29,7 +29,7 @@ from fleet.models import (
     QuotaRequest,
     Tenant,
 )
-from fleet.tenancy import role_in
+from fleet.tenancy import is_platform_admin, role_in
 from fleet.visibility import reported_models_of
 
 # Sent by the browsable API's HTML forms along with the fields.
@@ -257,6 +257,15 @@ class AdmissionAmountSerializer(serializers.Serializer):
     cohort_free = serializers.IntegerField(allow_null=True)
 
 
+class ReclaimSummarySerializer(serializers.Serializer):
+    """What the borrowers' placements listed for reclaim give back, counted: how many, how
+    much, never whose (a fleet.quota.ReclaimSummary)."""
+
+    placements = serializers.IntegerField()
+    units = serializers.IntegerField(help_text="Units they borrow")
+    memory_mib = serializers.IntegerField(help_text="Memory they borrow")
+
+
 class ReclaimableSerializer(serializers.Serializer):
     placement_id = serializers.IntegerField()
     tenant = serializers.CharField()
@@ -278,7 +287,18 @@ class AdmissionSerializer(serializers.Serializer):
     reclaim_policy = serializers.CharField()
     units = AdmissionAmountSerializer()
     memory = AdmissionAmountSerializer()
-    reclaimable = ReclaimableSerializer(many=True)
+    reclaim = ReclaimSummarySerializer(
+        help_text="What reclaiming the quota lent out would give back (how much, not whose)")
+    reclaimable = ReclaimableSerializer(
+        many=True, required=False,
+        help_text="The borrowers' placements one by one; platform admins only (a tenant is "
+                  "not told another tenant's placements)")
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if not is_platform_admin(getattr(self.context.get("request"), "user", None)):
+            data.pop("reclaimable", None)
+        return data
 
 
 class QuotaIncreaseSerializer(StrictFieldsMixin, serializers.ModelSerializer):

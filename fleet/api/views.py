@@ -148,7 +148,7 @@ class QuotaViewSet(AuditedFleetViewSet):
         row = self.get_object()
         decision = quota.assess(row.tenant, row.device_class, query.validated_data["units"],
                                 query.validated_data["memory_mib"])
-        return Response(s.AdmissionSerializer(decision).data)
+        return Response(s.AdmissionSerializer(decision, context={"request": request}).data)
 
     def paginate_queryset(self, queryset: QuerySet) -> list[Quota] | None:
         page = super().paginate_queryset(queryset)

@@ -108,8 +108,11 @@ def test_a_lender_short_of_its_own_quota_is_told_what_to_reclaim_lowest_priority
     assert [r.placement_id for r in refused.value.reclaimable] == [cheap.pk]
     message = refused.value.message
     assert "0 free in quota" in message and "2 of its own quota is lent" in message
-    assert f"reclaimable, lowest priority first: placement {cheap.pk} of acme" in message
-    # The lender is never told the borrower's model names.
+    assert ("reclaimable, lowest priority first: 1 placement of other tenants borrowing 1 and "
+            "81920 MiB") in message
+    # The lender is told how much, never whose: no borrower, placement id or model name.
+    assert "acme" not in message
+    assert f"placement {cheap.pk}" not in message
     assert cheap.model_version.model.name not in message
     # Asking for both lent units lists both, the cheaper one first.
     both = quota.assess(globex, A100, 2, 2 * GIB80)
@@ -190,7 +193,11 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
     assert wanted.state == "pending" and wanted.next_attempt_at is not None
     assert cheap.state == "unloading" and keep.state == "ready"
     assert cheap.unload_requested_by_label == "reclaimed for lender (cohort cpu-pool)"
-    assert "unloading placement" in wanted.events.order_by("-pk").first().message
+    waiting = wanted.events.order_by("-pk").first().message
+    assert "unloading a placement borrowing 1 and 1024 MiB" in waiting
+    # The lender's history names neither the borrower nor its placement.
+    for text in [*wanted.events.values_list("message", flat=True), wanted.error]:
+        assert "borrower" not in text and f"placement {cheap.placement_id}" not in text
 
     # The unload finishes: its quota goes back to the cohort, and the lender is admitted.
     quota.release(cheap.placement)
@@ -255,6 +262,43 @@ def test_the_api_explains_admission_and_shows_borrowing(pool, client_for):
     assert bad.status_code == 400 and "units" in bad.json()
     other = api.get(f"/api/v1/quotas/{globex.quotas.get().pk}/admission/", {"units": 1})
     assert other.status_code == 404
+
+
+def test_a_lenders_admission_dry_run_says_how_much_is_reclaimable_not_from_whom(
+        pool, client_for, root):
+    """GIVEN globex's quota lent to acme (acme borrows 2 of globex's 4 A100s)
+    WHEN a globex viewer asks admission for its own 4 units
+    THEN it learns how many placements and how much would come back, not acme's name nor
+    the placement ids; a platform admin still sees them one by one."""
+    from fleet.models import Membership
+    from tests.conftest import _member
+
+    _, acme, globex, server = pool
+    place(acme, server, 4, priority=10)
+    cheap = place(acme, server, 1, priority=0)
+    bulk = place(acme, server, 1, priority=5)
+    row = globex.quotas.get()
+    viewer = client_for(_member("globex-viewer", globex, Membership.Role.VIEWER))
+
+    answer = viewer.get(f"/api/v1/quotas/{row.pk}/admission/", {"units": 4})
+
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["admitted"] is False
+    assert body["reclaim"] == {"placements": 2, "units": 2, "memory_mib": 2 * GIB80}
+    assert "reclaimable" not in body
+    text = answer.content.decode()
+    assert "acme" not in text
+    for placement in (cheap, bulk):
+        assert f'"placement_id": {placement.pk}' not in text
+        assert f"placement {placement.pk}" not in text
+    assert "2 placements of other tenants borrowing 2 and 163840 MiB" in body["refusal"]
+
+    # A platform admin keeps the detail.
+    detail = client_for(root).get(f"/api/v1/quotas/{row.pk}/admission/", {"units": 4}).json()
+    assert [(r["placement_id"], r["tenant"]) for r in detail["reclaimable"]] == [
+        (cheap.pk, "acme"), (bulk.pk, "acme")]
+    assert detail["reclaim"]["placements"] == 2
 
 
 def test_the_quota_page_marks_borrowed_capacity(pool, client):
