@@ -493,6 +493,17 @@ SWITCHYARD_KUBE_ROLLOUT_DEADLINE_S = env_float(
 )
 SWITCHYARD_TRITON_IMAGE = env_str("SWITCHYARD_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.08-py3")
 SWITCHYARD_VLLM_IMAGE = env_str("SWITCHYARD_VLLM_IMAGE", "vllm/vllm-openai:v0.6.3")
+# The vLLM flags a version's vllm.args label may pass to a server Switchyard runs on Kubernetes:
+# serving and memory knobs only. Flags that run code from the model repository
+# (--trust-remote-code), read or write paths (--download-dir, --chat-template) or change what
+# is served and where (--model, --port) are not in it.
+SWITCHYARD_VLLM_ALLOWED_ARGS = env_list("SWITCHYARD_VLLM_ALLOWED_ARGS", [
+    "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
+    "--dtype", "--quantization", "--kv-cache-dtype", "--block-size", "--swap-space",
+    "--enforce-eager", "--enable-prefix-caching", "--enable-chunked-prefill", "--seed",
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--enable-lora", "--max-lora-rank",
+    "--max-loras", "--max-cpu-loras", "--disable-log-requests", "--disable-log-stats",
+])
 CELERY_BEAT_SCHEDULE["sync-kube-clusters"] = {
     "task": "fleet.tasks.sync_kube_clusters",
     "schedule": timedelta(seconds=SWITCHYARD_KUBE_SYNC_INTERVAL_S),

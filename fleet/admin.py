@@ -21,6 +21,7 @@ from fleet.models import (
     Placement,
     Quota,
     Tenant,
+    TenantNamespace,
 )
 
 
@@ -82,12 +83,37 @@ class QuotaInline(admin.TabularInline):
     extra = 1
 
 
+class TenantNamespaceInline(admin.TabularInline):
+    """Kubernetes namespaces the tenant's servers may run in (and read Secrets from); the
+    first on a cluster is its default there."""
+
+    model = TenantNamespace
+    extra = 1
+    fields = ["namespace", "cluster"]
+    verbose_name = "Kubernetes namespace"
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "cluster":
+            kwargs["queryset"] = Cluster.objects.filter(kind=Cluster.Kind.KUBERNETES)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
     list_display = ["slug", "name", "cohort", "created_at"]
     list_filter = ["cohort"]
     search_fields = ["slug", "name"]
-    inlines = [MembershipInline, QuotaInline]
+    inlines = [MembershipInline, QuotaInline, TenantNamespaceInline]
+
+
+@admin.register(TenantNamespace)
+class TenantNamespaceAdmin(AuditedAdmin):
+    """Every namespace granted, by tenant: a namespace is one tenant's on a cluster."""
+
+    list_display = ["namespace", "tenant", "cluster", "created_at"]
+    list_filter = ["tenant", "cluster"]
+    search_fields = ["namespace", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
 
 
 @admin.register(Cohort)

@@ -13,12 +13,13 @@ from fleet.adapters import kube_nodes
 from fleet.adapters import kube_workloads as kw
 from fleet.errors import DomainError
 from fleet.models import GPU, Cluster, Node
+from rollouts import vllm_labels
 from rollouts.models import ModelVersion, ServerWorkload
 
-# Version labels a vLLM base-model version carries to run on Kubernetes.
-VLLM_MODEL_LABEL = "vllm.model"  # --model: a Hugging Face id, or a path in the image or volume
-VLLM_ARGS_LABEL = "vllm.args"  # more vLLM arguments, shell-quoted
-VLLM_TOKEN_LABEL = "vllm.hf_token_secret"  # a Secret whose key "token" becomes HF_TOKEN
+# Version labels a vLLM base-model version carries to run on Kubernetes (rollouts.vllm_labels).
+VLLM_MODEL_LABEL = vllm_labels.MODEL
+VLLM_ARGS_LABEL = vllm_labels.ARGS
+VLLM_TOKEN_LABEL = vllm_labels.TOKEN_SECRET
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,14 +69,23 @@ def vllm_model(version: ModelVersion, model_repository: str, volume_claim: str) 
 
 
 def vllm_args(version: ModelVersion) -> list[str]:
+    """The version's ``vllm.args``, split; refused on ``version`` unless the platform allows
+    every flag in them."""
     text = (version.labels or {}).get(VLLM_ARGS_LABEL, "")
-    try:
-        return shlex.split(text)
-    except ValueError as exc:
-        raise DomainError(
-            f"v{version.version}'s label {VLLM_ARGS_LABEL} cannot be split into arguments: "
-            f"{exc}", field="version",
-        ) from None
+    if problem := vllm_labels.args_problem(text):
+        raise DomainError(f"v{version.version}'s label {VLLM_ARGS_LABEL}: {problem}",
+                          field="version")
+    return shlex.split(text)
+
+
+def hf_token_secret(version: ModelVersion) -> str:
+    """The Secret the version's ``vllm.hf_token_secret`` names ('' for none), in the server's
+    own namespace; refused on ``version`` when it is no Secret name."""
+    name = (version.labels or {}).get(VLLM_TOKEN_LABEL, "")
+    if name and (problem := vllm_labels.secret_problem(name)):
+        raise DomainError(f"v{version.version}'s label {VLLM_TOKEN_LABEL}: {problem}",
+                          field="version")
+    return name
 
 
 def server_spec(workload: ServerWorkload, version: ModelVersion | None = None) -> kw.ServerSpec:
@@ -90,7 +100,7 @@ def server_spec(workload: ServerWorkload, version: ModelVersion | None = None) -
             env.append({"name": "AWS_REGION", "value": region})
         extra["load_models"] = [model.name]
     else:
-        secret = (version.labels or {}).get(VLLM_TOKEN_LABEL)
+        secret = hf_token_secret(version)
         if secret:
             env.append({"name": "HF_TOKEN",
                         "valueFrom": {"secretKeyRef": {"key": "token", "name": secret}}})

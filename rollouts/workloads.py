@@ -8,6 +8,11 @@ quota first (the version's GPUs x replicas on the device class the GPU resource 
 selector name), write the row and hand it to the reconciler (``rollouts.workload_reconciler``), which
 applies, waits and rolls back.
 
+Servers run only in namespaces a platform admin granted the tenant (``fleet.namespaces``; a
+request that names none gets the first granted), and a vLLM version's labels may name only a
+Secret of that namespace (``vllm.hf_token_secret``) and flags the platform allows
+(``vllm.args``, ``SWITCHYARD_VLLM_ALLOWED_ARGS``): checked at creation and at each roll.
+
 Autoscaled workloads (``min_replicas`` and ``max_replicas`` given at creation) are scaled by
 an ``autoscaling/v2`` HorizontalPodAutoscaler Switchyard applies beside the Deployment, on the
 metrics Switchyard exports for prometheus-adapter (its replica recommendation and the p99
@@ -49,7 +54,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from fleet import audit, quota
+from fleet import audit, namespaces, quota
 from fleet.adapters import kube_workloads as kw
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
@@ -62,6 +67,7 @@ from rollouts.workload_specs import (
     demand,
     device_class,
     held_text,
+    hf_token_secret,
     service_urls,
     vllm_args,
     vllm_model,
@@ -147,10 +153,12 @@ def _check_version(deployment: Deployment, version: ModelVersion) -> None:
 
 
 def _check_runnable(version: ModelVersion, repository: str, claim: str) -> None:
-    """A vLLM version names the weights it runs and arguments that can be split."""
+    """A vLLM version names the weights it runs, flags the platform allows and, for its
+    Hugging Face token, a Secret of the server's own namespace."""
     if version.runtime == ModelVersion.Runtime.VLLM:
         vllm_model(version, repository, claim)
         vllm_args(version)
+        hf_token_secret(version)
 
 
 def _check_node_selector(selector: Any) -> dict[str, str]:
@@ -285,7 +293,8 @@ def create_workload(
     (``http://<name>.<namespace>.svc:8000``) joins the deployment's servers; the reconciler
     then applies the Deployment and Service (and the HPA). The same Idempotency-Key with the
     same request answers the workload it created. Autoscaled or not is decided here, for
-    good (see ``NOT_SWITCHABLE``).
+    good (see ``NOT_SWITCHABLE``). ``namespace`` is one granted to the deployment's tenant
+    on its cluster (empty: the first granted), else a 400 on ``namespace``.
     """
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     cluster = deployment.cluster
@@ -300,10 +309,10 @@ def create_workload(
     if not isinstance(name, str) or not _DNS_1035.match(name):
         raise DomainError("a Kubernetes Service name: lowercase letters, digits and dashes, "
                           "starting with a letter (at most 63)", field="name")
-    namespace = namespace or cluster.kube_namespace
-    if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
+    if not isinstance(namespace, str) or (namespace and not _DNS_1123_LABEL.match(namespace)):
         raise DomainError("a Kubernetes namespace name: lowercase letters, digits and dashes "
                           "(at most 63)", field="namespace")
+    namespace = namespaces.resolve(deployment.tenant, cluster, namespace)
     autoscaled = min_replicas is not None or max_replicas is not None
     if autoscaled:
         min_replicas, max_replicas = _check_range(min_replicas, max_replicas)
@@ -570,6 +579,7 @@ def roll_version(workload: ServerWorkload, version: ModelVersion,
         before = locked.version
         if version.pk == before.pk and locked.state == State.READY:
             return locked, False
+        namespaces.resolve(locked.tenant, locked.cluster, locked.namespace)
         _check_runnable(version, locked.model_repository, locked.volume_claim)
         units, memory = demand(version, locked.quota_replicas)
         klass = device_class(locked.node_selector.get(kw.PRODUCT_LABEL, ""),

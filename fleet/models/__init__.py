@@ -1,7 +1,7 @@
 from .audit import AuditEvent
 from .inventory import GPU, Cluster, ClusterSync, InferenceServer, Node
 from .quotas import Placement, Quota, QuotaRequest
-from .tenancy import APIToken, Cohort, Membership, Tenant
+from .tenancy import APIToken, Cohort, Membership, Tenant, TenantNamespace
 from .webhooks import Webhook, WebhookDelivery
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Quota",
     "QuotaRequest",
     "Tenant",
+    "TenantNamespace",
     "Webhook",
     "WebhookDelivery",
 ]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet.tenancy import scoped_manager
@@ -61,6 +63,75 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+namespace_validator = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    "a Kubernetes namespace name: lowercase letters, digits and dashes (at most 63)",
+)
+
+#: Namespaces Kubernetes keeps for itself (``kube-system``, ``kube-public``, ...).
+RESERVED_NAMESPACE_PREFIX = "kube-"
+
+
+class TenantNamespace(models.Model):
+    """A Kubernetes namespace a platform admin grants a tenant: its servers run there, and
+    the Secrets its versions name are that namespace's (a Secret reference never leaves its
+    namespace). ``cluster`` empty: the namespace on every Kubernetes cluster.
+
+    A namespace belongs to one tenant: any pod in it can mount any Secret in it, and a
+    tenant chooses its pods' image. So a namespace granted to one tenant (on a cluster, or on
+    every cluster) cannot be granted to another on the same cluster; namespaces Kubernetes
+    keeps for itself (``kube-*``) are never granted. The first namespace granted to a tenant
+    on a cluster is where its servers go when a request names none.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="namespaces")
+    cluster = models.ForeignKey(
+        "fleet.Cluster", null=True, blank=True, on_delete=models.CASCADE,
+        related_name="tenant_namespaces",
+        help_text="The Kubernetes cluster (empty: every Kubernetes cluster)",
+    )
+    namespace = models.CharField(max_length=63, validators=[namespace_validator])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = scoped_manager("tenant")
+
+    class Meta:
+        ordering = ["tenant__slug", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "cluster", "namespace"],
+                                    name="uniq_tenant_namespace"),
+            models.UniqueConstraint(fields=["tenant", "namespace"],
+                                    condition=Q(cluster__isnull=True),
+                                    name="uniq_tenant_namespace_every_cluster"),
+        ]
+
+    def __str__(self) -> str:
+        where = self.cluster.name if self.cluster_id else "every cluster"
+        return f"{self.namespace} on {where} for {self.tenant}"
+
+    def clean(self) -> None:
+        if self.namespace.startswith(RESERVED_NAMESPACE_PREFIX):
+            raise ValidationError({"namespace": [
+                f"{self.namespace} is one of Kubernetes' own namespaces (kube-*): it is never "
+                "granted to a tenant"]})
+        if self.cluster_id is not None and not self.cluster.is_kubernetes:
+            raise ValidationError({"cluster": [
+                f"{self.cluster.name} is not a Kubernetes cluster"]})
+        same = TenantNamespace.objects.filter(namespace=self.namespace).exclude(pk=self.pk)
+        if self.cluster_id is not None:
+            same = same.filter(Q(cluster_id=self.cluster_id) | Q(cluster__isnull=True))
+        other = same.exclude(tenant_id=self.tenant_id).select_related("tenant", "cluster").first()
+        if other is not None:
+            where = f"on {other.cluster.name}" if other.cluster_id else "on every cluster"
+            raise ValidationError({"namespace": [
+                f"{self.namespace} is granted to tenant {other.tenant.slug} {where}: a "
+                "namespace belongs to one tenant (any pod in it can mount its Secrets)"]})
+        if self.cluster_id is None and self.tenant_id is not None and same.filter(
+                tenant_id=self.tenant_id, cluster__isnull=True).exists():
+            raise ValidationError({"namespace": [
+                f"{self.namespace} is granted to this tenant on every cluster already"]})
+
 
 class Membership(models.Model):
     """A person's role in one tenant. Roles are ordered: each includes the ones below it.

@@ -12,6 +12,7 @@ from django.db import models
 from fleet.models import APIToken, Tenant
 from fleet.models.tenancy import slug_validator
 from fleet.tenancy import scoped_manager
+from rollouts import vllm_labels
 from rollouts.triton_config import problems as triton_config_problems
 
 sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
@@ -151,6 +152,8 @@ class ModelVersion(models.Model):
             errors["adapter_of"] = ["only vLLM LoRA adapter versions name a base model"]
         if problems := label_problems(self.labels):
             errors["labels"] = problems
+        elif self.runtime == self.Runtime.VLLM and (problems := vllm_labels.problems(self.labels)):
+            errors["labels"] = problems  # flags the platform allows, a Secret of its namespace
         if self.runtime == self.Runtime.VLLM:
             if self.triton_config != {}:
                 errors["triton_config"] = ["vLLM versions have no Triton config: leave it out"]

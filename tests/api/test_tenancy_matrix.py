@@ -38,6 +38,7 @@ from fleet.models import (
     Quota,
     QuotaRequest,
     Tenant,
+    TenantNamespace,
     Webhook,
     WebhookDelivery,
 )
@@ -380,10 +381,24 @@ class World:
         return QuotaFactory(tenant=self.tenant_b, device_class=A100_CLASS, units=8,
                             memory_mib=8 * 81920)
 
+    @cached_property
+    def namespace_a(self) -> TenantNamespace:
+        """Namespace team-a on the Kubernetes cluster, granted to tenant A: its servers go
+        there."""
+        return TenantNamespace.objects.create(tenant=self.tenant_a, cluster=self.kube_cluster,
+                                              namespace="team-a")
+
+    @cached_property
+    def namespace_b(self) -> TenantNamespace:
+        return TenantNamespace.objects.create(tenant=self.tenant_b, cluster=self.kube_cluster,
+                                              namespace="team-b")
+
     def _kube_deployment(self, tenant: Tenant, name: str, runtime: str) -> Deployment:
         """A deployment of a model of its own (v1 and v2, one GPU each) on the Kubernetes
-        cluster, with the tenant's A100 quota; vLLM versions name their weights by label."""
+        cluster, with the tenant's A100 quota and namespace; vLLM versions name their weights
+        by label."""
         _ = self.gpu_quota_a if tenant == self.tenant_a else self.gpu_quota_b
+        _ = self.namespace_a if tenant == self.tenant_a else self.namespace_b
         model = ModelFactory(tenant=tenant, name=name)
         for number in (1, 2):
             vllm = runtime == ModelVersion.Runtime.VLLM
@@ -576,6 +591,16 @@ OPS: list[Op] = [
        and APIToken.objects.filter(pk=body["id"], tenant=w.tenant_a).exists()),
     Op("token", "destroy", "DELETE", "tokens/{token_a}/", APIToken, "alice", 204, writer="role",
        role="admin", below=("erin", "bob"), done=lambda w, body: fresh(w.token_a).state == "revoked"),
+    # Kubernetes namespaces granted to tenants: members read their own, platform admins write.
+    *read_ops("tenantnamespace", "tenant-namespaces", TenantNamespace,
+              ("namespace_a", "namespace_b")),
+    *platform_write_ops(
+        "tenantnamespace", "tenant-namespaces", TenantNamespace, "namespace_a", scope="tenant",
+        create=lambda w: {"tenant": w.tenant_a.slug, "cluster": w.kube_cluster.name,
+                          "namespace": "team-a-batch"},
+        update=lambda w: {"tenant": w.tenant_a.slug, "cluster": None, "namespace": "team-a2"},
+        patch={"namespace": "team-a3"},
+    ),
     *read_ops("quota", "quotas", Quota, ("quota_a", "quota_b")),
     # Admission's explained decision: any member of the quota's tenant may ask.
     Op("quota", "admission", "GET", "quotas/{quota_a}/admission/", Quota, "bob", 200,

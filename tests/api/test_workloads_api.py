@@ -30,6 +30,7 @@ from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)
     enqueued_workloads,
     fake_kube,
     fraud,
+    grant,
     kube_cluster,
 )
 
@@ -363,6 +364,7 @@ def test_quota_of_other_tenants_is_not_theirs_to_use(client_for, charlie, tenant
     model = ModelFactory(tenant=tenant_b, name="fraud-b")
     ModelVersionFactory(model=model, version=1, gpus=1)
     DeploymentFactory(model=model, tenant=tenant_b, cluster=deployment.cluster, name="fraud-b")
+    grant(tenant_b, deployment.cluster, "risk-b")  # serving is tenant A's
 
     refused = client_for(charlie).post(URL, triton_body(deployment="fraud-b",
                                                         name="triton-b"))

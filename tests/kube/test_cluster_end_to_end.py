@@ -148,6 +148,16 @@ def test_an_admin_adds_a_cluster_its_gpus_sync_a_deployer_runs_triton_and_weight
         request = {"deployment": deployment.pk, "version": 3, "name": "triton-fraud-v3",
                    "node_selector": A100,
                    "model_repository": "s3://switchyard-models/fraud-scorer/v3"}
+        # Servers run only in the namespaces a platform admin granted the tenant: none yet.
+        ungranted = api(dave).post("/api/v1/workloads/", {**request, "replicas": 1},
+                                   format="json")
+        assert ungranted.status_code == 400
+        assert "has no Kubernetes namespace on cluster gpu-east" in ungranted.json()[
+            "namespace"][0]
+        granted = api(root).post("/api/v1/tenant-namespaces/", {
+            "tenant": tenant_a.slug, "cluster": cluster.name, "namespace": "serving"},
+            format="json")
+        assert granted.status_code == 201, granted.json()
         too_many = api(dave).post("/api/v1/workloads/", {**request, "replicas": 3},
                                   format="json")
         assert too_many.status_code == 409

@@ -47,6 +47,7 @@ from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)
     chat,
     enqueued_workloads,
     fraud,
+    grant,
     kube_cluster,
 )
 
@@ -752,6 +753,7 @@ def test_a_vllm_roll_of_an_autoscaled_server_admits_the_new_version_for_the_maxi
     assert applied["spec"]["replicas"] == 1  # what the HPA had: the apply did not touch it
     assert "replicas" not in workload.applied_spec["spec"]
 
+    grant(deployment.tenant, deployment.cluster, "other")
     with pytest.raises(QuotaExceeded, match="asks 2, 0 left of 4"):
         # Both versions hold the maximum of 2 H100s each: nothing is left for a third.
         workloads.create_workload(deployment, v1, dave, name="vllm-other", namespace="other",

@@ -19,7 +19,7 @@ import pytest
 from fleet import kube_connection
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.kubernetes import KubeError
-from fleet.models import Cluster
+from fleet.models import Cluster, Tenant, TenantNamespace
 from rollouts.models import ModelVersion
 from tests.factories import (
     ClusterFactory,
@@ -165,10 +165,17 @@ def kube_cluster(db) -> Cluster:
     return make_kube_cluster()
 
 
+def grant(tenant: Tenant, cluster: Cluster | None, namespace: str = "serving") -> None:
+    """A platform admin's grant of ``namespace`` on ``cluster`` (None: every cluster)."""
+    TenantNamespace.objects.get_or_create(tenant=tenant, cluster=cluster, namespace=namespace)
+
+
 @pytest.fixture
 def fraud(tenant_a, kube_cluster):
     """Tenant A's Triton model fraud-scorer (v1 and v2, 1 GPU and 20 GiB each), deployed on
-    the Kubernetes cluster, with quota for 4 A100s (80 GiB) and 2 MIG 3g.40gb slices."""
+    the Kubernetes cluster (namespace serving granted), with quota for 4 A100s (80 GiB) and 2
+    MIG 3g.40gb slices."""
+    grant(tenant_a, kube_cluster)
     model = ModelFactory(tenant=tenant_a, name="fraud-scorer")
     versions = [ModelVersionFactory(model=model, version=n, gpus=1,
                                     estimated_gpu_memory_mib=20480) for n in (1, 2)]
@@ -183,7 +190,9 @@ def fraud(tenant_a, kube_cluster):
 @pytest.fixture
 def chat(tenant_a, kube_cluster):
     """Tenant A's vLLM model llm-chat: base versions v1 (8B, 1 GPU) and v2 (8B, 1 GPU) with
-    their weights named by label, deployed on the cluster, with quota for 4 H100s."""
+    their weights named by label, deployed on the cluster (namespace serving granted), with
+    quota for 4 H100s."""
+    grant(tenant_a, kube_cluster)
     model = ModelFactory(tenant=tenant_a, name="llm-chat")
     versions = [
         ModelVersionFactory(

@@ -33,6 +33,7 @@ from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)
     enqueued_workloads,
     fake_kube,
     fraud,
+    grant,
     kube_cluster,
 )
 
@@ -304,6 +305,7 @@ def test_two_servers_whose_pods_would_carry_the_same_labels_are_refused(fraud, d
 
     assert refused.value.field == "namespace"
     create(deployment, v2, dave, name="triton-fraud-v2", replicas=1)  # another revision
+    grant(deployment.tenant, deployment.cluster, "canary")
     create(deployment, v1, dave, name="triton-fraud-canary", namespace="canary", replicas=1)
 
 
