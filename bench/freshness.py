@@ -276,7 +276,7 @@ def freshness_sample(triton_api: Any, api: Any, url: str, deployment_id: int) ->
         time.sleep(min(0.05, max(pause_until - time.monotonic(), 0.0)))
     started = time.time()
     for _ in range(BURST):
-        response = triton_api.post("/v2/models/fraud-scorer/versions/1/infer", json=INFER)
+        response = triton_api.post("/v2/models/bench.fraud-scorer/versions/1/infer", json=INFER)
         if response.status_code != 200:
             raise RuntimeError(f"inference failed: HTTP {response.status_code}: {response.text}")
     finished = time.time()
@@ -497,7 +497,8 @@ def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) 
 
     say("starting tritonserver with the demo models…")
     runtime = ensure_runtime(data_dir, progress=say)
-    names = write_demo_repository(tmp / "models")
+    # The bench tenant's models, under the names Switchyard gives them on a shared Triton.
+    names = write_demo_repository(tmp / "models", prefix="bench.")
     with deferred_signals():
         triton = start_triton(runtime, tmp / "models", load_models=names,
                               log_path=tmp / "tritonserver.log")

@@ -64,7 +64,11 @@ from freshness import deferred_signals
 from loads import REPO_ROOT, check_stop, run_bench, runtime_cache, say
 
 MODEL = "fraud-scorer"
-DIRECT_PATH = f"/v2/models/{MODEL}/versions/1/infer"
+TENANT = "bench"
+# On a shared Triton a tenant's model goes by a name its slug qualifies; clients of a route
+# call MODEL and nginx rewrites it.
+SERVED = f"{TENANT}.{MODEL}"
+DIRECT_PATH = f"/v2/models/{SERVED}/versions/1/infer"
 ROUTE_PATH = f"/v2/models/{MODEL}/infer"
 BODY = json.dumps(
     {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
@@ -90,14 +94,14 @@ def bench_repository(dest: Path) -> list[str]:
     """The demo fraud scorer, both versions answering at once, two instances."""
     from fleet.runtime.triton_local import write_demo_repository
 
-    write_demo_repository(dest)
-    shutil.rmtree(dest / "sentiment", ignore_errors=True)
-    config = dest / MODEL / "config.pbtxt"
+    write_demo_repository(dest, prefix=f"{TENANT}.")
+    shutil.rmtree(dest / f"{TENANT}.sentiment", ignore_errors=True)
+    config = dest / SERVED / "config.pbtxt"
     text = config.read_text()
     text = re.sub(r'(key: "sleep_ms(?:_v2)?" value \{ string_value: )"\d+"', r'\1"0"', text)
     text = text.replace("count: 1", "count: 2")
     config.write_text(text)
-    return [MODEL]
+    return [SERVED]
 
 
 class UdpSink:
@@ -483,7 +487,7 @@ def api_world(triton_url: str) -> tuple[Any, int]:
     from fleet.models import Cluster, InferenceServer, Membership, Tenant
     from rollouts.models import Deployment, Model, ModelLoad, ModelVersion
 
-    tenant = Tenant.objects.create(slug="bench", name="Bench")
+    tenant = Tenant.objects.create(slug=TENANT, name="Bench")
     user = get_user_model().objects.create_user("bench-deployer")
     Membership.objects.create(user=user, tenant=tenant, role=Membership.Role.DEPLOYER)
     cluster = Cluster.objects.create(name="local", kind=Cluster.Kind.LOCAL)
@@ -550,8 +554,8 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     def spec(name: str) -> Callable[[int, int], RouteSpec]:
         def make(w1: int, w2: int) -> RouteSpec:
             return RouteSpec(name=name, protocol="kserve-v2", variants=(
-                Variant("v1", triton.http_url, w1, model=MODEL, version=1),
-                Variant("v2", triton.http_url, w2, model=MODEL, version=2),
+                Variant("v1", triton.http_url, w1, model=SERVED, version=1),
+                Variant("v2", triton.http_url, w2, model=SERVED, version=2),
             ))
         return make
 

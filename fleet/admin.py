@@ -105,6 +105,12 @@ class TenantAdmin(AuditedAdmin):
     search_fields = ["slug", "name"]
     inlines = [MembershipInline, QuotaInline, TenantNamespaceInline]
 
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        # The slug qualifies the tenant's model names on shared servers: renaming it would
+        # leave what is loaded there under names nothing routes to.
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "slug"] if obj is not None and obj.pk else fields
+
 
 @admin.register(TenantNamespace)
 class TenantNamespaceAdmin(AuditedAdmin):

@@ -149,3 +149,31 @@ class FleetQuerySet(models.QuerySet):
 
     def visible_to(self, user: Any) -> Self:
         return self.all() if is_member_anywhere(user) else self.none()
+
+
+# --------------------------------------------------------------------------------------------
+# Names on shared servers
+# --------------------------------------------------------------------------------------------
+
+#: Between a tenant's slug and its model's name on a shared server: slugs and model names are
+#: lowercase letters, digits and dashes, so a name with one dot is one tenant's, unambiguously.
+SERVED_NAME_SEPARATOR = "."
+
+
+def served_model_name(tenant_slug: str, model_name: str) -> str:
+    """The name a tenant's model has in a shared server's model index (``acme.fraud-scorer``).
+
+    A Triton server keeps one model repository, one index and one set of metrics labelled by
+    model name for every tenant that loads onto it; two tenants may each have a model called
+    ``fraud-scorer``. Qualified by the tenant, their files, loads, unloads and metrics never
+    meet. Clients still call ``fraud-scorer``: the deployment's route rewrites the path.
+    """
+    return f"{tenant_slug}{SERVED_NAME_SEPARATOR}{model_name}"
+
+
+def tenant_of_served_name(name: object) -> str | None:
+    """The tenant slug of a name made by :func:`served_model_name`; None for any other name."""
+    if not isinstance(name, str) or name.count(SERVED_NAME_SEPARATOR) != 1:
+        return None
+    slug, model = name.split(SERVED_NAME_SEPARATOR)
+    return slug if slug and model else None

@@ -4,9 +4,11 @@ A server's ``reported_models`` is its whole model index: every tenant's models o
 versions and failure reasons (which can quote private artifact paths). Each tenant sees the
 entries of its own models; the others are counted, never named. Platform admins see all.
 
-A model is a tenant's when one of the tenant's registry models has its name. The name is the
-server's, not a tenant's (Triton keeps one index per server), so where two tenants have a
-model of the same name, the one holding a placement of it on the server owns the entry.
+Switchyard loads a tenant's model onto a shared Triton server under a name its tenant's slug
+qualifies (``acme.fraud-scorer``, :func:`fleet.tenancy.served_model_name`): such an entry is
+that tenant's. Any other name (vLLM serves models by the names clients send, a server's own
+models) is a tenant's when one of its registry models has the name and no other tenant holds
+a placement of that name on the server.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.models import InferenceServer, Placement, Tenant
-from fleet.tenancy import tenant_roles
+from fleet.tenancy import tenant_of_served_name, tenant_roles
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ def reported_models(user: Any, servers: Iterable[InferenceServer]) -> dict[int, 
     if roles is None:
         return {s.pk: ReportedModels(list(s.reported_models or [])) for s in servers}
     own = set(roles)
+    own_slugs = set(Tenant.objects.filter(pk__in=own).values_list("slug", flat=True)) if own else set()
     own_names = set(
         Tenant.objects.filter(pk__in=own, models__isnull=False).values_list("models__name", flat=True)
     ) if own else set()
@@ -47,6 +50,9 @@ def reported_models(user: Any, servers: Iterable[InferenceServer]) -> dict[int, 
             holders.setdefault((server_id, name), set()).add(tenant_id)
 
     def is_own(server: InferenceServer, name: Any) -> bool:
+        slug = tenant_of_served_name(name)
+        if slug is not None:
+            return slug in own_slugs
         if name not in own_names:
             return False
         holding = holders.get((server.pk, name))

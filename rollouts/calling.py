@@ -101,14 +101,16 @@ def _sticky(route: Route | None) -> str:
 
 def _kserve(deployment: Deployment, version: ModelVersion, server: InferenceServer,
             route: Route | None, metadata: Metadata) -> CallGuide:
-    model = deployment.model.name
+    # Through the route, by the model's own name (the route rewrites it); on the server
+    # itself, by its name there.
+    model = deployment.model.name if route is not None else version.name_on(server)
     base = route.url if route is not None else server.http_url.rstrip("/")
     path = f"/v2/models/{model}" if route is not None else f"/v2/models/{model}/versions/{version.version}"
     found = CallGuide(base_url=base, through="route" if route else "server", server=server.name,
                       protocol=KSERVE_V2, model=model, version=version.version,
                       endpoint=f"{base}{path}/infer")
     try:
-        meta = metadata(server.http_url, model, version.version)
+        meta = metadata(server.http_url, version.name_on(server), version.version)
         found.inputs, found.outputs = _tensors(meta.get("inputs")), _tensors(meta.get("outputs"))
         found.source = "server"
     except ProbeFailed as exc:

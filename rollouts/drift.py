@@ -75,7 +75,7 @@ def reported_state(server: InferenceServer, version: ModelVersion) -> str | None
     its name, a LoRA adapter under :func:`fleet.adapters.vllm.adapter_name`.
     """
     entries = [m for m in server.reported_models or [] if isinstance(m, dict)]
-    model = version.model.name
+    model = version.name_on(server)
     if server.runtime == InferenceServer.Runtime.TRITON:
         for entry in entries:
             if entry.get("name") == model and str(entry.get("version", "")) == str(version.version):
@@ -94,7 +94,7 @@ def gone_reason(server: InferenceServer, version: ModelVersion) -> str:
     if state is None:
         return f"{server.name} no longer reports v{version.version} (restarted?)"
     entry = next(
-        (m for m in server.reported_models if isinstance(m, dict) and m.get("name") == version.model.name
+        (m for m in server.reported_models if isinstance(m, dict) and m.get("name") == version.name_on(server)
          and str(m.get("version", "")) == str(version.version)),
         {},
     )
@@ -177,7 +177,7 @@ def check_configs(server: InferenceServer) -> list[ModelLoad]:
         started = timezone.now()
         try:
             runtime = runtime_for(server)
-            served = runtime.served(load.version.model.name, load.version.version,
+            served = runtime.served(load.version.name_on(server), load.version.version,
                                     settings.SWITCHYARD_PROBE_TIMEOUT_S)
         except AdapterError as exc:
             log.info("load %s: config not readable: %s", load.pk, exc)

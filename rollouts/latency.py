@@ -254,8 +254,9 @@ def _write_points(store: redis.Redis, deployment: Deployment,
     grouped: dict[str, list[Any]] = defaultdict(list)
     for server in deployment.servers.all():
         kind = "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
+        name = deployment.model.name_on(server)
         for (model, version), win in windows.get(server.pk, {}).items():
-            if model == deployment.model.name:
+            if model == name:
                 grouped[_label(kind, version, model)].append(win)
     if not grouped:
         return 0

@@ -133,6 +133,36 @@ def _lock_and_find_busy(server: InferenceServer, version: ModelVersion) -> Model
     )
 
 
+def _refuse_shared_name(server: InferenceServer, version: ModelVersion) -> None:
+    """Keep another tenant's model off a server where the two would share a name.
+
+    On Triton each tenant's model has a name of its own on the server (see
+    ``Model.name_on``). A vLLM server serves models by the name clients send, unqualified:
+    it carries one tenant's model of a name, and a base model rolled onto it replaces what
+    every tenant's adapters ran on, so neither is done over another tenant's models.
+    """
+    if version.name_on(server) != version.model.name:
+        return
+    theirs = ModelLoad.objects.filter(
+        server=server, state__in=[*ModelLoad.IN_FLIGHT, State.READY]
+    ).exclude(tenant_id=version.model.tenant_id)
+    if _is_lora(version):
+        theirs = theirs.filter(version__model__name=version.model.name)
+        if theirs.exists():
+            raise Conflict(
+                f"{server.name} serves another tenant's model named {version.model.name}: a vLLM "
+                "server knows a model by the name clients send, so it carries one tenant's model "
+                "of a name; load onto another server",
+                field="servers",
+            )
+    elif theirs.exists():
+        raise Conflict(
+            f"{server.name} serves other tenants' models: rolling a base model onto it would "
+            "replace what they run on; load onto a server of your own",
+            field="servers",
+        )
+
+
 def request_load(
     actor: Any,
     deployment: Deployment,
@@ -238,6 +268,7 @@ def _create_loads(
                 raise Conflict(f"v{version.version} is loaded on {server.name} already: a load "
                                "with another config needs it unloaded first", field="version")
             _refuse_managed(server, f"load v{version.version} onto it")
+            _refuse_shared_name(server, version)
             load = ModelLoad.objects.create(
                 tenant=deployment.tenant,
                 deployment=deployment,
@@ -434,6 +465,16 @@ def config_of(load: ModelLoad) -> dict[str, Any]:
     return dict(load.version.triton_config or {})
 
 
+def served_config(load: ModelLoad) -> dict[str, Any]:
+    """:func:`config_of` as the server gets it: a config naming the model names it by its
+    name on the server (Triton needs the name of the model's folder, which the tenant's slug
+    qualifies)."""
+    config = config_of(load)
+    if config.get("name") == load.version.model.name:
+        config["name"] = load.version.name_on(load.server)
+    return config
+
+
 def _admit(load: ModelLoad) -> None:
     units, memory = demand_of(load.version, quota.device_class_of(load.server), config_of(load))
     try:
@@ -507,8 +548,10 @@ def _fetch_step(load: ModelLoad) -> None:
 def _place(load: ModelLoad) -> None:
     path = _fetch(load, move=False)  # from the cache: the digest was verified by the fetch step
     version = load.version
-    runtime_for(load.server, lora=_is_lora(version)).place(version.model.name, version.version, path)
-    _move(load, State.LOADING, f"placed into {load.server.model_repository or load.server.name}")
+    runtime_for(load.server, lora=_is_lora(version)).place(
+        version.name_on(load.server), version.version, path, folder=version.model.name
+    )
+    _move(load, State.LOADING, f"placed into {load.server.name}'s model repository")
 
 
 def _load(load: ModelLoad) -> None:
@@ -518,11 +561,11 @@ def _load(load: ModelLoad) -> None:
         # The worker that died may have got the version loaded: ask the server first. The
         # load below then sends nothing when it runs as asked (and waits for a load the dead
         # worker sent that is still going on), so only the config is read back.
-        state = runtime.status(version.model.name, version.version, settings.SWITCHYARD_PROBE_TIMEOUT_S)
+        state = runtime.status(version.name_on(load.server), version.version, settings.SWITCHYARD_PROBE_TIMEOUT_S)
         _event(load, f"{load.server.name} reports v{version.version} {state or 'not loaded'}"
                + (": checking its config" if state == READY else ": loading it"))
     loaded = runtime.load(
-        version.model.name, version.version, config_of(load),
+        version.name_on(load.server), version.version, served_config(load),
         settings.SWITCHYARD_LOAD_TIMEOUT_S,
     )
     if load.placement is not None:
@@ -557,7 +600,7 @@ def _refresh_kept(load: ModelLoad, runtime: ServerRuntime) -> None:
     ).exclude(pk=load.pk).select_related("version__model", "placement", "tenant", "server")
     for other in kept:
         try:
-            served = runtime.served(version.model.name, other.version.version,
+            served = runtime.served(version.name_on(load.server), other.version.version,
                                     settings.SWITCHYARD_PROBE_TIMEOUT_S)
         except AdapterError as exc:  # the drift reconciler looks at it with the next probe
             log.warning("load %s: cannot read the config of v%s: %s", load.pk, other.version.version, exc)
@@ -634,8 +677,8 @@ def _report_served(load: ModelLoad) -> None:
 def _unload(load: ModelLoad) -> None:
     version = load.version
     runtime = runtime_for(load.server, lora=_is_lora(version))
-    runtime.unload(version.model.name, version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
-    runtime.remove(version.model.name, version.version)
+    runtime.unload(version.name_on(load.server), version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
+    runtime.remove(version.name_on(load.server), version.version)
     quota.release(load.placement)
     _report_served(load)
     _move(load, State.UNLOADED, f"unloaded from {load.server.name}; quota released",
@@ -661,8 +704,8 @@ def _cleanup(load: ModelLoad) -> str:
     try:
         runtime = runtime_for(load.server, lora=_is_lora(version))
         if load.state == State.LOADING:
-            runtime.unload(version.model.name, version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
-        runtime.remove(version.model.name, version.version)
+            runtime.unload(version.name_on(load.server), version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
+        runtime.remove(version.name_on(load.server), version.version)
     except AdapterError as exc:
         problems.append(f"cleanup on {load.server.name} failed: {exc.message}")
     except Exception as exc:  # the quota is released all the same

@@ -248,7 +248,6 @@ def _build(
     mirror: MirrorTarget | None,
 ) -> tuple[RouteSpec, dict[str, dict[str, Any]]]:
     """The route spec, and what each variant stands for."""
-    model = deployment.model
     kserve = ready[0].version.runtime == ModelVersion.Runtime.TRITON
     variants: list[Variant] = []
     meaning: dict[str, dict[str, Any]] = {}
@@ -263,7 +262,7 @@ def _build(
             name=name,
             upstream=load.server.http_url.rstrip("/"),
             weight=shares[key],
-            model=model.name if kserve else "",
+            model=load.version.name_on(load.server) if kserve else "",
             version=load.version.version if kserve else None,
         ))
         meaning[name] = {

@@ -279,7 +279,7 @@ def _render_deployment(
     for server in servers:
         # What the server reports of this deployment's model, of what the viewer may see.
         server.own_reported = [
-            m for m in seen[server.pk].models if m.get("name") == deployment.model.name
+            m for m in seen[server.pk].models if m.get("name") == deployment.model.name_on(server)
         ]
     context = _deployment_context(request, deployment) | {
         "servers": servers,

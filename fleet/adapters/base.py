@@ -225,8 +225,12 @@ class LoadedVersion:
 class ServerRuntime(Protocol):
     """Loads and unloads model versions on one inference server. Every call is idempotent."""
 
-    def place(self, model: str, version: int, artifact: Path) -> None:
-        """Put the version's files where the server reads them (no-op when already there)."""
+    def place(self, model: str, version: int, artifact: Path, *, folder: str | None = None) -> None:
+        """Put the version's files where the server reads them (no-op when already there).
+
+        ``model`` is the name on this server; ``folder``, where it differs, the name the
+        artifact was built under (its top-level folder, for runtimes whose artifacts have
+        one)."""
         ...
 
     def load(self, model: str, version: int, config: dict[str, object], timeout: float) -> LoadedVersion:

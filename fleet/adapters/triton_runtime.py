@@ -322,6 +322,19 @@ def _check_links_inside(folder: Path, root: Path, label: str) -> None:
             )
 
 
+def _rename_config(path: Path, built: str, model: str) -> None:
+    """Rewrite ``name: "<built>"`` in the config.pbtxt at ``path`` to ``model`` (a config that
+    does not parse, or names another model, is left for the load to report)."""
+    msg = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(path.read_text(encoding="utf-8"), msg)
+    except (text_format.ParseError, UnicodeDecodeError):
+        return
+    if msg.name == built:
+        msg.name = model
+        path.write_text(text_format.MessageToString(msg), encoding="utf-8")
+
+
 def _is_version_dir(path: Path) -> bool:
     """True for a numeric sub-folder of a model folder (a version, as Triton sees it)."""
     return path.is_dir() and path.name.isdigit()
@@ -371,11 +384,13 @@ class TritonServerRuntime:
 
     # -- place / remove -----------------------------------------------------------------------
 
-    def place(self, model: str, version: int, artifact: Path) -> None:
-        """Put ``<model>/<version>/`` of ``artifact`` into the repository (idempotent).
+    def place(self, model: str, version: int, artifact: Path, *, folder: str | None = None) -> None:
+        """Put ``<folder>/<version>/`` of ``artifact`` into the repository as
+        ``<model>/<version>/`` (idempotent).
 
-        ``artifact`` is a .tar.gz (or a directory) holding ``<model>/config.pbtxt`` and
-        ``<model>/<version>/...``. It is extracted safely into a staging folder next to the
+        ``artifact`` is a .tar.gz (or a directory) holding ``<folder>/config.pbtxt`` and
+        ``<folder>/<version>/...``; ``folder`` is the name the model was built under (default:
+        ``model``), which may differ from its name on this server (a tenant-qualified one). It is extracted safely into a staging folder next to the
         repository, and the version folder is moved into ``<repo>/<model>/<version>/`` with a
         rename. A version folder with the same content (:func:`tree_hash`) is left untouched;
         one with other content is replaced (two renames: the old folder out, the new one in),
@@ -396,24 +411,24 @@ class TritonServerRuntime:
         with self._model_lock(model, Deadline(self.timeout)):
             staging = Path(tempfile.mkdtemp(prefix="place-", dir=self._work_dir("staging")))
             try:
+                built = folder or model
                 if artifact.is_dir():
                     root = artifact
-                    _check_links_inside(root / model, root / model, artifact.name)
                 else:
                     root = staging / "unpacked"
                     root.mkdir()
                     safe_extract(artifact, root)
-                    _check_links_inside(root / model, root / model, artifact.name)
-                source = root / model / str(version)
+                _check_links_inside(root / built, root / built, artifact.name)
+                source = root / built / str(version)
                 if not source.is_dir() or source.is_symlink():
                     found = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
                     raise AdapterError(
-                        f"artifact {artifact.name} has no {model}/{version}/ folder "
+                        f"artifact {artifact.name} has no {built}/{version}/ folder "
                         f"(top level: {', '.join(found) or 'empty'})",
                         permanent=True,
                     )
                 self._install_version(model, version, source, staging, copy=artifact.is_dir())
-                self._install_config(model, root / model / CONFIG_NAME, staging)
+                self._install_config(model, root / built / CONFIG_NAME, staging, built=built)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
 
@@ -442,13 +457,19 @@ class TritonServerRuntime:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
 
-    def _install_config(self, model: str, source: Path, staging: Path) -> None:
-        """Copy the artifact's config.pbtxt into the repository if the model has none."""
+    def _install_config(self, model: str, source: Path, staging: Path, *, built: str) -> None:
+        """Copy the artifact's config.pbtxt into the repository if the model has none.
+
+        A config naming the model it was ``built`` as is renamed to ``model``, the folder's
+        name, which Triton needs; any other text is copied as it is (a load reports what is
+        wrong with it)."""
         target = self.model_repository / model / CONFIG_NAME
         if target.exists() or not source.is_file():
             return
         staged = staging / CONFIG_NAME
         shutil.copyfile(source, staged)
+        if built != model:
+            _rename_config(staged, built, model)
         staged.replace(target)
 
     def remove(self, model: str, version: int) -> None:

@@ -210,7 +210,7 @@ class VLLMAdapterRuntime:
         """Where the version's adapter folder is placed."""
         return self.adapters_dir / adapter_name(model, version)
 
-    def place(self, model: str, version: int, artifact: Path) -> None:
+    def place(self, model: str, version: int, artifact: Path, *, folder: str | None = None) -> None:
         """Extract (or copy) the adapter into :meth:`adapter_path`; no-op when it is there.
 
         The folder appears whole or not at all (built in a temporary sibling, then renamed).

@@ -64,7 +64,7 @@ class VLLMRollRuntime:
     def model_dir(self, model: str, version: int) -> Path:
         return self.models_dir / f"{model}-v{version}"
 
-    def place(self, model: str, version: int, artifact: Path) -> None:
+    def place(self, model: str, version: int, artifact: Path, *, folder: str | None = None) -> None:
         """Unpack the model folder (a .tar.gz holding one folder, or a folder) once."""
         final = self.model_dir(model, version)
         if (final / "config.json").exists():

@@ -242,20 +242,25 @@ def demo_model_names() -> list[str]:
     return sorted(p.name for p in DEMO_MODELS_DIR.iterdir() if (p / "config.pbtxt").is_file())
 
 
-def write_demo_repository(dest: Path) -> list[str]:
+def write_demo_repository(dest: Path, *, prefix: str = "") -> list[str]:
     """Copy the bundled demo models into the model repository ``dest``; return their names.
 
+    ``prefix`` goes before each model's name, folder and ``config.pbtxt`` alike (``bench.``
+    makes ``bench.fraud-scorer``: the name a tenant's model has on a shared Triton).
     Idempotent: files whose content is already identical are left untouched (so their mtimes
     do not change and Triton does not see a modification); other files in ``dest`` are kept.
     """
     dest = Path(dest)
-    names = demo_model_names()
-    for name in names:
+    names = []
+    for name in demo_model_names():
+        names.append(prefix + name)
         for src in sorted((DEMO_MODELS_DIR / name).rglob("*")):
             if not src.is_file() or "__pycache__" in src.parts:
                 continue
-            target = dest / name / src.relative_to(DEMO_MODELS_DIR / name)
+            target = dest / (prefix + name) / src.relative_to(DEMO_MODELS_DIR / name)
             data = src.read_bytes()
+            if prefix and src.name == "config.pbtxt":
+                data = data.replace(f'name: "{name}"'.encode(), f'name: "{prefix}{name}"'.encode(), 1)
             if target.is_file() and target.read_bytes() == data:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -296,7 +296,7 @@ def served_name(job: BenchmarkJob) -> str:
     version = job.version
     if version.runtime == ModelVersion.Runtime.VLLM and version.adapter_of:
         return adapter_name(version.model.name, version.version)
-    return version.model.name
+    return version.name_on(job.server)
 
 
 def spec_for(job: BenchmarkJob, run_id: str) -> dict[str, Any]:

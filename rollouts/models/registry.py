@@ -9,9 +9,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from fleet.models import APIToken, Tenant
+from fleet.models import APIToken, InferenceServer, Tenant
 from fleet.models.tenancy import slug_validator
-from fleet.tenancy import scoped_manager
+from fleet.tenancy import scoped_manager, served_model_name
 from rollouts import vllm_labels
 from rollouts.triton_config import problems as triton_config_problems
 
@@ -37,6 +37,23 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}/{self.name}"
+
+    def name_on(self, server: InferenceServer) -> str:
+        """The name this model has on ``server``.
+
+        On a shared Triton server the tenant's slug qualifies it (``acme.fraud-scorer``): the
+        server's repository, index and metrics are shared by every tenant loading onto it,
+        and the deployment's route rewrites the client's ``/v2/models/fraud-scorer`` to it.
+        vLLM clients name the model in the request body, which routes pass through
+        untouched, so there it keeps its own name and a server carries one tenant's model of
+        a name (``rollouts.loads`` refuses a second). A server Switchyard runs as one
+        deployment's Kubernetes workload is that deployment's alone, and loads the model
+        under its own name.
+        """
+        if (server.runtime == InferenceServer.Runtime.TRITON
+                and server.source != InferenceServer.Source.MANAGED):
+            return served_model_name(self.tenant.slug, self.name)
+        return self.name
 
 class ModelVersion(models.Model):
     """One immutable version of a model: what was built, where its artifact is, what it needs.
@@ -138,6 +155,10 @@ class ModelVersion(models.Model):
     @property
     def tenant(self) -> Tenant:
         return self.model.tenant
+
+    def name_on(self, server: InferenceServer) -> str:
+        """The model's name on ``server`` (see :meth:`Model.name_on`)."""
+        return self.model.name_on(server)
 
     def can_become(self, status: str) -> bool:
         return status in self.TRANSITIONS[self.Status(self.status)]

@@ -102,7 +102,7 @@ def test_cancel_stops_the_load_within_a_second_and_unloads(world):
 
     thread = threading.Thread(target=drive, daemon=True)
     thread.start()
-    stats = f"{world.triton.http_url}/v2/models/{world.model.name}/versions/1/stats"
+    stats = f"{world.triton.http_url}/v2/models/{world.served}/versions/1/stats"
 
     seen = [0]
 

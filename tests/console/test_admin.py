@@ -60,3 +60,13 @@ def test_a_model_load_is_read_only_with_its_history(world, admin_client):
     assert admin_client.post(f"/admin/rollouts/modelload/{load.pk}/delete/",
                              {"post": "yes"}).status_code == 403
     assert ModelLoad.objects.get(pk=load.pk).state == ModelLoad.State.PENDING
+
+
+def test_a_tenants_slug_cannot_change_once_it_exists(world, admin_client):
+    """The slug qualifies the tenant's model names on shared servers (acme.fraud-scorer)."""
+    tenant = world.load_a.tenant
+    page = admin_client.get(f"/admin/fleet/tenant/{tenant.pk}/change/").content.decode()
+    assert 'name="slug"' not in page and tenant.slug in page
+
+    added = admin_client.get("/admin/fleet/tenant/add/").content.decode()
+    assert 'name="slug"' in added

@@ -34,7 +34,7 @@ def test_the_guide_shows_what_the_server_reports_and_its_example_is_answered(wor
     assert guide.inputs == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}]
     assert guide.outputs == [{"name": "SCORE", "datatype": "FP32", "shape": [1]}]
     url, body = posted(guide.curl)
-    assert url == f"{world.triton.http_url}/v2/models/{world.model.name}/versions/1/infer"
+    assert url == f"{world.triton.http_url}/v2/models/{world.served}/versions/1/infer"
     answer = httpx.post(url, json=body, timeout=10)
     assert answer.status_code == 200, answer.text
     assert [o["name"] for o in answer.json()["outputs"]] == ["SCORE"]

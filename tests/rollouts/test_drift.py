@@ -155,7 +155,7 @@ def test_a_triton_restarted_empty_loses_its_loads_and_a_new_request_loads_again(
     assert held(world) == (1, 64)
 
     world.triton.start_empty()
-    assert index_state(world.triton, world.model.name) == {}
+    assert index_state(world.triton, world.served) == {}
     back = probe(world)
     assert back.health == InferenceServer.Health.HEALTHY and drift.index_known(back)
     tasks.reconcile_loads()  # the beat tick that follows the probe
@@ -178,7 +178,7 @@ def test_a_triton_restarted_empty_loses_its_loads_and_a_new_request_loads_again(
     assert created and [r.pk for r in rows] != [load.pk]
     again = loads.run_to_end(rows[0].pk)
     assert again.state == State.READY, again.error
-    assert index_state(world.triton, world.model.name) == {"1": "READY"}
+    assert index_state(world.triton, world.served) == {"1": "READY"}
     assert held(world) == (1, 64)
     # The index the probe reads now agrees: the new load stays ready.
     probe(world)
@@ -234,7 +234,7 @@ def test_a_load_whose_worker_died_is_taken_over_within_a_lease_and_a_tick(world,
 
     stuck = ModelLoad.objects.get(pk=load_id)
     assert stuck.state == State.LOADING and stuck.lease_owner
-    assert index_state(world.triton, world.model.name) == {"1": "READY"}
+    assert index_state(world.triton, world.served) == {"1": "READY"}
     loaded_once = triton_log_count(world, "successfully loaded")
     assert loaded_once >= 1
     # The dead worker's lease is a short one: it runs out a lease after its last renewal.
@@ -330,7 +330,7 @@ def test_a_version_reloaded_by_hand_with_another_config_is_recorded_as_drifted(w
     the quota two instances need; a second check changes nothing."""
     load = load_once(world, world.version(1))
     assert load.state == State.READY, load.error
-    name, url = world.model.name, world.triton.http_url
+    name, url = world.served, world.triton.http_url
     config = httpx.get(f"{url}/v2/models/{name}/versions/1/config", timeout=5).json()
     assert config["instance_group"][0]["count"] == 1
     config["instance_group"][0]["count"] = 2

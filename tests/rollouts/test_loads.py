@@ -39,7 +39,7 @@ def test_it_loads_a_version_from_s3_onto_triton_and_unloads_it(world):
     load = load_once(world, v1)
 
     assert load.state == State.READY, load.error
-    assert index_state(world.triton, world.model.name)["1"] == "READY"
+    assert index_state(world.triton, world.served)["1"] == "READY"
     assert load.bytes_done == load.bytes_total == v1.size_bytes
     assert len(load.config_hash) == 64
     placement = Placement.objects.get(pk=load.placement_id)
@@ -54,8 +54,8 @@ def test_it_loads_a_version_from_s3_onto_triton_and_unloads_it(world):
     load = loads.run_to_end(load.pk)
 
     assert load.state == State.UNLOADED
-    assert index_state(world.triton, world.model.name).get("1") != "READY"
-    assert not (Path(world.server.model_repository) / world.model.name / "1").exists()
+    assert index_state(world.triton, world.served).get("1") != "READY"
+    assert not (Path(world.server.model_repository) / world.served / "1").exists()
     assert held(world) == (0, 0)
 
 
@@ -79,10 +79,10 @@ def test_a_second_version_with_more_instances_scales_the_version_kept_beside_it(
     second = load_once(world, v2)
 
     assert second.state == State.READY, second.error
-    assert index_state(world.triton, world.model.name) == {"1": "READY", "2": "READY"}
+    assert index_state(world.triton, world.served) == {"1": "READY", "2": "READY"}
     counts = {
         v: httpx.get(
-            f"{world.triton.http_url}/v2/models/{world.model.name}/versions/{v}/config", timeout=5
+            f"{world.triton.http_url}/v2/models/{world.served}/versions/{v}/config", timeout=5
         ).json()["instance_group"][0]["count"]
         for v in (1, 2)
     }
@@ -131,7 +131,7 @@ def test_quota_exceeded_fails_readably_and_holds_nothing(world):
     assert load.state == State.FAILED
     assert "model instances quota" in load.error and "asks 3, 1 left of 1" in load.error
     assert held(world) == (0, 0)
-    assert world.model.name not in {r["name"] for r in httpx.post(
+    assert world.served not in {r["name"] for r in httpx.post(
         f"{world.triton.http_url}/v2/repository/index", timeout=5).json()}
 
 
@@ -153,7 +153,7 @@ def test_a_checksum_mismatch_fails_and_leaves_nothing(world, settings):
     assert "0" * 64 in load.error and "sha256" in load.error
     assert held(world) == (0, 0)
     assert not list(Path(settings.SWITCHYARD_ARTIFACT_CACHE).glob("*"))
-    assert not (Path(world.server.model_repository) / world.model.name).exists()
+    assert not (Path(world.server.model_repository) / world.served).exists()
 
 
 def test_a_broken_model_fails_with_the_servers_explanation_and_is_cleaned_up(world):
@@ -164,8 +164,8 @@ def test_a_broken_model_fails_with_the_servers_explanation_and_is_cleaned_up(wor
     assert load.state == State.FAILED
     assert "model.py" in load.error and ("line 4" in load.error or "SyntaxError" in load.error)
     assert held(world) == (0, 0)
-    assert not (Path(world.server.model_repository) / world.model.name / "1").exists()
-    assert index_state(world.triton, world.model.name).get("1") != "READY"
+    assert not (Path(world.server.model_repository) / world.served / "1").exists()
+    assert index_state(world.triton, world.served).get("1") != "READY"
 
 
 def test_an_unreachable_server_is_retried_then_fails_and_releases_quota(world, settings):

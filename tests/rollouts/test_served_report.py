@@ -27,13 +27,13 @@ def test_the_servers_report_is_current_when_a_load_and_an_unload_end(world):
     v1, v2 = world.version(1), world.version(2)
 
     assert load_once(world, v1).state == ModelLoad.State.READY
-    assert reported(world.server, world.model.name) == {"1": "READY"}
+    assert reported(world.server, world.served) == {"1": "READY"}
     assert load_once(world, v2).state == ModelLoad.State.READY
-    assert reported(world.server, world.model.name) == {"1": "READY", "2": "READY"}
+    assert reported(world.server, world.served) == {"1": "READY", "2": "READY"}
 
     unload = loads.request_unload(world.user, world.deployment, v1)[0]
     assert loads.run_to_end(unload.pk).state == ModelLoad.State.UNLOADED
-    after = reported(world.server, world.model.name)
+    after = reported(world.server, world.served)
     assert after == {"1": "UNLOADED", "2": "READY"}, after
 
     client = Client()

@@ -83,7 +83,9 @@ def make_world(settings, tmp_path, moto_s3, make_s3_store, local_triton) -> Iter
     w = World()
     w.__dict__.update(cluster=cluster, node=node, server=server, user=user, tenant=tenant,
                       quota=quota, model=model, deployment=deployment, bucket=bucket,
-                      store=store, triton=local_triton)
+                      store=store, triton=local_triton,
+                      # The model's name on the shared Triton (its tenant's slug qualifies it).
+                      served=model.name_on(server))
 
     def version(number: int, *, blob: bytes | None = None, sha256: str | None = None,
                 config: dict | None = None, memory: int = 64) -> ModelVersion:
