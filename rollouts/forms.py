@@ -11,6 +11,7 @@ from typing import Any
 
 from django import forms
 
+from fleet import namespaces
 from fleet.errors import Conflict, DomainError
 from fleet.forms import DomainForm
 from rollouts import approvals, deployments, loads, routes, workloads
@@ -568,7 +569,11 @@ class WorkloadCreateForm(DomainForm):
         if deployment.production:
             versions = versions.filter(status=ModelVersion.Status.APPROVED)
         self.fields["version"].queryset = versions.exclude(adapter_of__gt="")
-        self.fields["namespace"].widget.attrs["placeholder"] = deployment.cluster.kube_namespace
+        granted = namespaces.granted(deployment.tenant, deployment.cluster)
+        self.fields["namespace"].widget.attrs["placeholder"] = granted[0] if granted else ""
+        self.fields["namespace"].help_text = (
+            f"granted: {', '.join(granted)}" if granted
+            else "none granted yet: a platform admin grants namespaces")
 
     def clean_node_labels(self) -> dict[str, str]:
         labels: dict[str, str] = {}

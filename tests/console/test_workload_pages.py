@@ -179,6 +179,9 @@ def test_a_short_quota_is_shown_in_place_with_the_numbers(fraud, dave):
     ({"node_labels": "pool"}, "node_labels", "line 1: write key=value"),
     ({"model_repository": "/models"}, "volume_claim", "PersistentVolumeClaim"),
     ({"version": ""}, "version", "choose a version"),
+    ({"namespace": "kube-system"}, "namespace",
+     "namespace kube-system is not granted to tenant tenant-a on cluster gpu-cluster; "
+     "granted: serving"),
 ])
 def test_a_refused_field_is_named_in_place(fraud, dave, changes, field, text):
     deployment, (v1, _v2) = fraud
@@ -190,6 +193,15 @@ def test_a_refused_field_is_named_in_place(fraud, dave, changes, field, text):
     assert response.status_code == 400
     assert f'id="{field}-error"' in html
     assert text in html
+
+
+def test_the_form_names_the_namespaces_granted_and_the_default(fraud, dave):
+    deployment, _versions = fraud
+
+    html = browser(dave).get(panel_url(deployment), **HTMX).content.decode()
+
+    assert 'placeholder="serving"' in html
+    assert "granted: serving" in html
 
 
 def test_a_viewer_cannot_post_the_form(fraud, bob):
