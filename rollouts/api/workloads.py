@@ -202,7 +202,8 @@ class WorkloadRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     namespace = serializers.RegexField(
         NAMESPACE, max_length=63, required=False, allow_blank=True, default="",
-        help_text="The namespace (default: the cluster's)",
+        help_text="A namespace granted to the tenant on the cluster (default: the first "
+                  "granted); another is a 400 on namespace",
         error_messages={"invalid": "a Kubernetes namespace name: lowercase letters, digits and "
                                    "dashes (at most 63)"},
     )
