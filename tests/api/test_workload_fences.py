@@ -48,14 +48,43 @@ def nothing_written() -> bool:
     return not ServerWorkload.objects.exists() and not Placement.objects.exists()
 
 
-def labelled(chat, **labels: str) -> ModelVersion:
-    """v3 of llm-chat carrying ``labels`` as a version registered before this fence was."""
+def labelled(chat, number: int = 3, **labels: str) -> ModelVersion:
+    """Version ``number`` of llm-chat carrying ``labels``, as one registered before this fence
+    was."""
     deployment, _versions = chat
     return ModelVersionFactory(
-        model=deployment.model, version=3, runtime=ModelVersion.Runtime.VLLM, backend="",
+        model=deployment.model, version=number, runtime=ModelVersion.Runtime.VLLM, backend="",
         gpus=1, estimated_gpu_memory_mib=40960,
         labels={"vllm.model": "meta-llama/Llama-3.1-8B-Instruct", **labels},
     )
+
+
+# --- the reproduction -----------------------------------------------------------------------
+
+
+def test_the_probe_of_issue_20_is_refused_field_by_field(client_for, dave, chat):
+    """kube-system, another tenant's Secret and --trust-remote-code: each a 400 on its field,
+    and the server runs once the version passes only what the fence allows."""
+    secret = {"vllm.hf_token_secret": "other-tenant-secret"}
+    labelled(chat, 3, **secret, **{"vllm.args": "--trust-remote-code"})
+    labelled(chat, 4, **secret, **{"vllm.args": "--max-model-len 8192"})
+    client = client_for(dave)
+
+    in_kube_system = client.post(WORKLOADS, vllm_body(version=3, namespace="kube-system"),
+                                 format="json")
+    in_own_namespace = client.post(WORKLOADS, vllm_body(version=3), format="json")
+    allowed = client.post(WORKLOADS, vllm_body(version=4), format="json")
+
+    assert in_kube_system.status_code == 400
+    assert list(in_kube_system.json()) == ["namespace"]
+    assert in_own_namespace.status_code == 400
+    assert in_own_namespace.json()["version"][0].startswith(
+        "v3's label vllm.args: --trust-remote-code is not a vLLM flag the platform allows")
+    assert allowed.status_code == 201, allowed.content
+    # The Secret named is looked up in serving, tenant A's own namespace, and nowhere else.
+    spec = workload_specs.server_spec(ServerWorkload.objects.get(pk=allowed.json()["id"]))
+    assert (spec.namespace, spec.env[0]["valueFrom"]["secretKeyRef"]["name"]) == (
+        "serving", "other-tenant-secret")
 
 
 # --- namespaces -----------------------------------------------------------------------------
