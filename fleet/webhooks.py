@@ -13,8 +13,12 @@ Signing: each POST carries ``X-Switchyard-Timestamp`` (Unix seconds) and
 ``X-Switchyard-Signature: sha256=<hex>``, the HMAC-SHA256 of ``f"{timestamp}.{body}"`` keyed
 with the webhook's secret. ``verify()`` is what a receiver runs (docs/api.md, "Webhooks").
 
-Any http:// or https:// URL is allowed: the product posts where the tenant admin says, inside
-the network Switchyard runs in; the tests use receivers on 127.0.0.1 only.
+Where a webhook may point (``fleet.outbound``): a public address only, checked when the URL is
+saved and again at each attempt, after DNS, whose checked address is the one connected to. A
+host named in ``SWITCHYARD_WEBHOOK_ALLOWED_HOSTS`` skips the check (the tests' receivers on
+127.0.0.1). A refused address fails the delivery at once, with the reason. What a receiver
+answers is never kept or shown, only its status: a tenant must not read, through a delivery
+log, what some address inside the network says.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet import audit
+from fleet import audit, outbound
 from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant, Webhook, WebhookDelivery
 from fleet.tenancy import require_role
@@ -50,7 +54,7 @@ EVENTS: dict[str, str] = {
 }
 PING = "ping"  # sent by the test button to one webhook, whatever its events
 SECRET_PREFIX = "whsec_"
-EXCERPT_CHARS = 500
+REASON_CHARS = 500  # WebhookDelivery.response_excerpt: Switchyard's reason, never the answer
 USER_AGENT = "Switchyard-Webhooks/1"
 State = WebhookDelivery.State
 
@@ -96,7 +100,9 @@ def verify(
 
 
 def validate_url(url: str) -> str:
-    """An absolute http:// or https:// URL with a host, else DomainError on ``url``."""
+    """An absolute http:// or https:// URL with a host and no credentials, whose host is not
+    local, loopback, private or otherwise not public (``fleet.outbound.check_url``) unless
+    ``SWITCHYARD_WEBHOOK_ALLOWED_HOSTS`` names it; else DomainError on ``url``."""
     url = url.strip()
     problem = ""
     try:
@@ -117,6 +123,7 @@ def validate_url(url: str) -> str:
             problem = "port 0 is not a port"
     if problem:
         raise DomainError(problem, field="url")
+    outbound.check_url(url, allowed_hosts=settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS, field="url")
     return url
 
 
@@ -322,13 +329,27 @@ def deliver(delivery_id: int) -> str:
     if delivery.attempts > settings.SWITCHYARD_WEBHOOK_MAX_ATTEMPTS:
         # The worker of the last attempt was lost before it recorded anything.
         return _record(delivery, now, failed_why="no answer was recorded for the last attempt")
-    status, excerpt, duration_ms = _post(delivery)
-    return _record(delivery, timezone.now(), status=status, excerpt=excerpt,
-                   duration_ms=duration_ms)
+    started = time.monotonic()
+    try:
+        target, addresses = outbound.resolve(
+            webhook.url, allowed_hosts=settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS)
+    except outbound.Refused as exc:
+        # Not worth another try: the address is not one we send to.
+        return _record(delivery, timezone.now(), failed_why=exc.message,
+                       duration_ms=_ms(started))
+    except outbound.Unresolved as exc:
+        return _record(delivery, timezone.now(), reason=str(exc), duration_ms=_ms(started))
+    status, reason = _post(delivery, target, addresses)
+    return _record(delivery, timezone.now(), status=status, reason=reason,
+                   duration_ms=_ms(started))
 
 
-def _post(delivery: WebhookDelivery) -> tuple[int | None, str, int]:
-    """POST the delivery once, outside any transaction: (status or None, excerpt, ms)."""
+def _post(
+    delivery: WebhookDelivery, target: outbound.Target, addresses: list[str],
+) -> tuple[int | None, str]:
+    """POST the delivery once, outside any transaction, to the first of ``addresses`` that
+    takes the connection (none: an allowed host, reached as the URL says): (status, "") or
+    (None, why there was no answer). The answer's body is not read."""
     body = body_of(delivery)
     timestamp = int(time.time())
     headers = {
@@ -340,17 +361,23 @@ def _post(delivery: WebhookDelivery) -> tuple[int | None, str, int]:
         "X-Switchyard-Signature": sign(delivery.webhook.secret, timestamp, body),
     }
     timeout = settings.SWITCHYARD_WEBHOOK_TIMEOUT_S
-    started = time.monotonic()
-    try:
-        response = httpx.post(delivery.webhook.url, content=body, headers=headers,
-                              timeout=timeout, follow_redirects=False)
-    except httpx.ConnectError as exc:
-        return None, f"could not connect: {_reason(exc)}", _ms(started)
-    except httpx.TimeoutException:
-        return None, f"no answer within {timeout:g} s", _ms(started)
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {_reason(exc)}", _ms(started)
-    return response.status_code, response.text[:EXCERPT_CHARS], _ms(started)
+    # No proxy from the environment: the connection must go to the address checked.
+    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+        reason = ""
+        for address in addresses or [None]:
+            url, extra, extensions = (
+                outbound.pinned(target, address) if address else (target.url, {}, {}))
+            try:
+                with client.stream("POST", url, content=body, headers={**headers, **extra},
+                                   extensions=extensions) as response:
+                    return response.status_code, ""
+            except httpx.ConnectError as exc:
+                reason = f"could not connect: {_reason(exc)}"  # the next address, if any
+            except httpx.TimeoutException:
+                return None, f"no answer within {timeout:g} s"
+            except httpx.HTTPError as exc:
+                return None, f"{type(exc).__name__}: {_reason(exc)}"
+    return None, reason
 
 
 def _reason(exc: Exception) -> str:
@@ -358,7 +385,7 @@ def _reason(exc: Exception) -> str:
     # "[Errno 111] Connection refused" reads better without the number.
     if text.startswith("[Errno ") and "] " in text:
         text = text.split("] ", 1)[1]
-    return text[:EXCERPT_CHARS]
+    return text[:REASON_CHARS]
 
 
 def _ms(started: float) -> int:
@@ -366,13 +393,14 @@ def _ms(started: float) -> int:
 
 
 def _record(
-    delivery: WebhookDelivery, now: datetime, *, status: int | None = None, excerpt: str = "",
+    delivery: WebhookDelivery, now: datetime, *, status: int | None = None, reason: str = "",
     duration_ms: int | None = None, failed_why: str = "",
 ) -> str:
     """Write the attempt's outcome, unless another worker took the row over meanwhile (our
-    lease ran out and its attempt counter moved on)."""
+    lease ran out and its attempt counter moved on). ``reason``/``failed_why`` are
+    Switchyard's words for why there was no answer; a receiver's answer is never stored."""
     fields: dict[str, Any] = {"response_status": status, "duration_ms": duration_ms,
-                              "response_excerpt": (failed_why or excerpt)[:EXCERPT_CHARS]}
+                              "response_excerpt": (failed_why or reason)[:REASON_CHARS]}
     if failed_why:
         fields.update(state=State.FAILED, next_attempt_at=None)
     elif status is not None and 200 <= status < 300:

@@ -32,7 +32,9 @@ class EventsField(serializers.ListField):
     "maxLength": 2000,
     # What fleet.webhooks.validate_url takes, stated for clients (and the schema fuzzer).
     "pattern": r"^https?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[^\s\x00-\x1f\x7f]*)?$",
-    "description": "An http:// or https:// URL with a host, to POST the events to",
+    "description": "An http:// or https:// URL with a public host, to POST the events to "
+                   "(local, loopback, private and metadata addresses are refused unless the "
+                   "platform allows the host)",
     "example": "https://hooks.example.com/switchyard",
 })
 class URLField(serializers.CharField):
@@ -83,11 +85,20 @@ class CreatedWebhookSerializer(WebhookSerializer):
 
 
 class WebhookDeliverySerializer(serializers.ModelSerializer):
+    # The receiver's answer is never kept: only its status, and Switchyard's own reason when
+    # there was none (the column kept its old name).
+    error = serializers.CharField(
+        source="response_excerpt", read_only=True,
+        help_text="Why the last attempt got no answer, in Switchyard's words (could not "
+                  "connect, no answer within the timeout, address refused); empty when the "
+                  "receiver answered: see response_status",
+    )
+
     class Meta:
         model = WebhookDelivery
         fields = [
             "id", "event", "state", "attempts", "next_attempt_at", "response_status",
-            "response_excerpt", "duration_ms", "created_at", "delivered_at", "summary", "payload",
+            "error", "duration_ms", "created_at", "delivered_at", "summary", "payload",
         ]
 
 

@@ -61,10 +61,11 @@ class WebhookDelivery(models.Model):
     """One event to send to one webhook, and what the last attempt got.
 
     States: pending → delivered (a 2xx answer) or failed (``attempts`` reached
-    ``SWITCHYARD_WEBHOOK_MAX_ATTEMPTS``, or the webhook was deactivated). While pending,
-    ``next_attempt_at`` is when it is due; a worker that claims it pushes that forward by a
-    lease, so a lost worker's attempt is retried once the lease ends. ``response_excerpt`` is
-    the start of the receiver's answer, or the error when there was none.
+    ``SWITCHYARD_WEBHOOK_MAX_ATTEMPTS``, the webhook was deactivated, or its address was
+    refused). While pending, ``next_attempt_at`` is when it is due; a worker that claims it
+    pushes that forward by a lease, so a lost worker's attempt is retried once the lease ends.
+    ``response_excerpt`` (an old name: the API calls it ``error``) is Switchyard's reason when
+    there was no answer; the receiver's answer itself is never stored, only its status.
     """
 
     class State(models.TextChoices):

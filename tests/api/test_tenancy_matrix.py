@@ -302,16 +302,16 @@ class World:
     def route_b(self) -> Route:
         return self._route(self.deployment_b, self.version_b)
 
-    # --- webhooks (receivers on 127.0.0.1 that nothing answers: no test here delivers)
+    # --- webhooks (public names, as a webhook must have: no test here delivers)
     @cached_property
     def webhook_a(self) -> Webhook:
         return webhooks.create_webhook(self.persona("alice"), self.tenant_a, name="hook-a",
-                                       url="http://127.0.0.1:9/hook-a").webhook
+                                       url="https://hooks.example.com/hook-a").webhook
 
     @cached_property
     def webhook_b(self) -> Webhook:
         return webhooks.create_webhook(self.persona("charlie"), self.tenant_b, name="hook-b",
-                                       url="http://127.0.0.1:9/hook-b").webhook
+                                       url="https://hooks.example.com/hook-b").webhook
 
     # --- rollouts (rows as the domain writes them; the reconciler is not run)
     def _rollout(self, deployment: Deployment, baseline: ModelVersion, state: str,
@@ -690,14 +690,16 @@ OPS: list[Op] = [
     Op("webhook", "deliveries", "GET", "webhooks/{webhook_a}/deliveries/", Webhook, "bob", 200),
     Op("webhook", "create", "POST", "webhooks/", Webhook, "alice", 201, writer="role",
        role="admin", below=("erin", "bob"), field="tenant",
-       payload=lambda w: {"tenant": w.tenant_a.slug, "name": "ops", "url": "http://127.0.0.1:9/",
+       payload=lambda w: {"tenant": w.tenant_a.slug, "name": "ops",
+                          "url": "https://hooks.example.com/ops",
                           "events": ["rollout.rolled_back"]},
        done=lambda w, body: body["secret"].startswith("whsec_")
        and Webhook.objects.filter(pk=body["id"], tenant=w.tenant_a).exists()),
     Op("webhook", "update", "PUT", "webhooks/{webhook_a}/", Webhook, "alice", 200, writer="role",
        role="admin", below=("erin", "bob"),
-       payload=lambda w: {"name": "hook-a", "url": "http://127.0.0.1:9/changed", "format": "slack"},
-       done=lambda w, body: fresh(w.webhook_a).url == "http://127.0.0.1:9/changed"),
+       payload=lambda w: {"name": "hook-a", "url": "https://hooks.example.com/changed",
+                         "format": "slack"},
+       done=lambda w, body: fresh(w.webhook_a).url == "https://hooks.example.com/changed"),
     Op("webhook", "partial_update", "PATCH", "webhooks/{webhook_a}/", Webhook, "alice", 200,
        writer="role", role="admin", below=("erin", "bob"), payload=lambda w: {"active": False},
        done=lambda w, body: fresh(w.webhook_a).active is False),

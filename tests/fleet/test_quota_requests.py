@@ -55,7 +55,7 @@ def test_a_gpu_class_of_the_fleet_may_be_asked_for(alice):
 
 
 def test_an_approval_as_asked_sets_the_quota_audits_and_notifies(alice, root, tenant_a):
-    hook = webhooks.create_webhook(alice, tenant_a, name="ops", url="http://127.0.0.1:9/",
+    hook = webhooks.create_webhook(alice, tenant_a, name="ops", url="https://hooks.example.com/",
                                    events=["quota.request_changed"]).webhook
     made = api(alice).post("/api/v1/quota-requests/", asked(), format="json").json()
 
