@@ -482,6 +482,10 @@ LOGGING = {
 SWITCHYARD_SECRET_KEY = env_secret("SWITCHYARD_SECRET_KEY")
 # Every call to a cluster's API gives up after this long.
 SWITCHYARD_KUBE_TIMEOUT_S = env_float("SWITCHYARD_KUBE_TIMEOUT_S", 10.0, minimum=1.0)
+# The only environment variables a cluster's kube_secret_env may name (comma-separated; empty:
+# none): a cluster sends what it reads to its API server, so no other variable of this process
+# (SECRET_KEY, DATABASE_URL, ...) may be read that way (fleet/secrets.py).
+SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = env_list("SWITCHYARD_KUBE_SECRET_ENV_ALLOWED", [])
 # How often each Kubernetes cluster's nodes and servers are synced: a watch of at most this long
 # from the last resourceVersion (a full list first, and again after a 410 Gone).
 SWITCHYARD_KUBE_SYNC_INTERVAL_S = env_float("SWITCHYARD_KUBE_SYNC_INTERVAL_S", 15.0, minimum=1.0)

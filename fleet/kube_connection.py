@@ -2,8 +2,9 @@
 
 A cluster row holds the access details (``Cluster.kube_*``); the secret (a bearer token or a
 kubeconfig) is stored encrypted (``fleet.secrets``) or referenced from the environment
-(``kube_secret_env``), and never shown back in full: the API and the console show
-:func:`secret_hint`.
+(``kube_secret_env``, only a variable ``SWITCHYARD_KUBE_SECRET_ENV_ALLOWED`` names: checked when
+it is set and again before it is read), and never shown back in full: the API and the console
+show :func:`secret_hint`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def change_secret(cluster: Cluster, *, secret: str | None, secret_env: str | Non
     ``secret_env``: the name of the environment variable that holds it, ``""`` for none, or
     ``None`` when the caller did not say. The one given last wins: a new secret clears the
     variable, a variable removes the stored secret; both at once is refused on ``kube_secret``.
+    A variable the platform does not allow is refused on ``kube_secret_env``.
     """
     if secret and secret_env:
         raise DomainError(
@@ -48,6 +50,8 @@ def change_secret(cluster: Cluster, *, secret: str | None, secret_env: str | Non
             "(kube_secret_env), not both",
             field="kube_secret",
         )
+    if secret_env:
+        secrets.check_env_name(secret_env)
     if secret:
         set_secret(cluster, secret)
         cluster.kube_secret_env = ""
@@ -61,10 +65,13 @@ def change_secret(cluster: Cluster, *, secret: str | None, secret_env: str | Non
 
 def secret_of(cluster: Cluster) -> str:
     """The plain token or kubeconfig of ``cluster``: stored, else from its environment
-    variable. DomainError (field ``kube_secret_env``) when the variable is not set."""
+    variable. DomainError (field ``kube_secret_env``) when the variable is not one the platform
+    allows (it is not read), or is not set."""
     if cluster.kube_secret_encrypted:
         return secrets.decrypt(cluster.kube_secret_encrypted, field="kube_secret")
     if cluster.kube_secret_env:
+        # Checked again here: the row may predate the setting, or have been written directly.
+        secrets.check_env_name(cluster.kube_secret_env)
         value = os.environ.get(cluster.kube_secret_env)
         if value is None:
             raise DomainError(

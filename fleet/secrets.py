@@ -3,6 +3,11 @@
 Fernet (AES-128-CBC with HMAC-SHA256, from ``cryptography``) with a key derived from
 ``SWITCHYARD_SECRET_KEY`` (default: Django's ``SECRET_KEY``). Rotating that key makes stored
 secrets unreadable: they must be entered again (or referenced from the environment instead).
+
+A secret may also be referenced by the name of an environment variable of Switchyard's
+processes, but only one that ``SWITCHYARD_KUBE_SECRET_ENV_ALLOWED`` names
+(:func:`check_env_name`): whatever is read is sent to a URL the platform admin chose, and the
+process's other variables (``SECRET_KEY``, ``DATABASE_URL``, ...) must never leave that way.
 """
 
 from __future__ import annotations
@@ -18,6 +23,28 @@ from fleet.errors import DomainError
 
 class SecretUnreadable(DomainError):
     """A stored secret cannot be decrypted with the current key."""
+
+
+class EnvNotAllowed(DomainError):
+    """An environment variable the platform does not let a secret be read from."""
+
+
+def env_name_allowed(name: str) -> bool:
+    """Whether a secret may be read from the environment variable ``name``."""
+    return bool(name) and name in settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED
+
+
+def check_env_name(name: str, *, field: str = "kube_secret_env") -> None:
+    """EnvNotAllowed on ``field`` unless ``SWITCHYARD_KUBE_SECRET_ENV_ALLOWED`` names ``name``."""
+    if env_name_allowed(name):
+        return
+    allowed = ", ".join(settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED) or "none"
+    raise EnvNotAllowed(
+        f"{name!r} is not an environment variable name Switchyard may read a secret from: only "
+        f"those the platform names in SWITCHYARD_KUBE_SECRET_ENV_ALLOWED may be used "
+        f"(now: {allowed})",
+        field=field,
+    )
 
 
 def _fernet() -> Fernet:

@@ -127,7 +127,8 @@ def test_a_new_secret_is_audited_as_changed_with_the_values_before(root, client_
 
 
 @pytest.mark.django_db
-def test_an_environment_variable_replaces_the_stored_secret(root, client_for, monkeypatch):
+def test_an_environment_variable_replaces_the_stored_secret(root, client_for, settings):
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = ["KUBE_TOKEN"]
     cluster = kube_cluster()
     client = client_for(root)
 

@@ -35,6 +35,13 @@ from tests.kube.replay import RecordedApiServer, exchanges
 
 TOKEN = "sy-kube-token-0123456789abcdefXYZW"
 VERSION = "v1.24.0-alpha.1+ab451280a0ea81"
+#: What the platform lets a cluster's kube_secret_env name in these tests.
+ALLOWED_ENV = ["SY_TEST_KUBE_TOKEN", "KUBE_TOKEN"]
+
+
+@pytest.fixture(autouse=True)
+def allowed_env(settings) -> None:
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = ALLOWED_ENV
 
 
 def connected() -> list[dict]:
@@ -369,3 +376,82 @@ def test_a_new_secret_replaces_the_variable_and_a_variable_replaces_the_secret()
     with pytest.raises(DomainError) as both:
         kube_connection.change_secret(cluster, secret=TOKEN, secret_env="KUBE_TOKEN")
     assert both.value.field == "kube_secret"
+
+
+# --- which environment variables a cluster may read -------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """An HTTP server a platform admin points a cluster at: records every request."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({"path": self.path, "authorization": self.headers.get("Authorization")})
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = QuietHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.django_db
+def test_the_secret_key_is_not_sent_to_a_listener(listener, monkeypatch):
+    """GIVEN a cluster row whose kube_secret_env is SECRET_KEY and whose API URL is a
+    listener (written before the fence, or by hand) WHEN its connection is tested THEN the
+    variable is not read, nothing is sent, and the failure is recorded readably."""
+    url, seen = listener
+    monkeypatch.setenv("SECRET_KEY", "the-web-process-secret-key-0123456789")
+    cluster = token_cluster(url, kube_secret_env="SECRET_KEY")
+
+    result = kube_connection.test_connection(cluster)
+
+    assert seen == []
+    assert result.ok is False
+    assert "'SECRET_KEY' is not an environment variable name Switchyard may read" in result.detail
+    assert "SWITCHYARD_KUBE_SECRET_ENV_ALLOWED" in result.detail
+    assert "the-web-process-secret-key" not in result.detail
+    row = Cluster.objects.get(pk=cluster.pk)
+    assert (row.connection_state, row.connection_detail) == (
+        Cluster.ConnectionState.FAILED, result.detail)
+    with pytest.raises(secrets.EnvNotAllowed) as refused:
+        kube_connection.secret_of(cluster)
+    assert refused.value.field == "kube_secret_env"
+
+
+@pytest.mark.django_db
+def test_a_variable_the_platform_allows_is_read_and_sent(monkeypatch, settings):
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = ["SY_TEST_GPU_EAST_TOKEN"]
+    monkeypatch.setenv("SY_TEST_GPU_EAST_TOKEN", TOKEN)
+    with RecordedApiServer(connected()) as srv:
+        cluster = token_cluster(srv.url, kube_secret_env="SY_TEST_GPU_EAST_TOKEN")
+        result = kube_connection.test_connection(cluster)
+    srv.assert_all_matched()
+
+    assert result.ok is True
+    assert [r.authorization for r in srv.received] == [f"Bearer {TOKEN}"] * 2
+
+
+@pytest.mark.parametrize("name", ["SECRET_KEY", "DATABASE_URL", "SWITCHYARD_SECRET_KEY",
+                                  "KUBE_TOKEN_2", "kube_token"])
+def test_naming_a_variable_the_platform_does_not_allow_is_refused(name):
+    cluster = Cluster(kind=Cluster.Kind.KUBERNETES)
+
+    with pytest.raises(DomainError) as refused:
+        kube_connection.change_secret(cluster, secret="", secret_env=name)
+
+    assert refused.value.field == "kube_secret_env"
+    assert f"{name!r} is not an environment variable name" in refused.value.message
+    assert "now: SY_TEST_KUBE_TOKEN, KUBE_TOKEN" in refused.value.message
+    assert cluster.kube_secret_env == ""

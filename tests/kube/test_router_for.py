@@ -31,7 +31,8 @@ def kube_cluster(url: str = "http://127.0.0.1:9", **fields: Any) -> Cluster:
 
 
 @pytest.fixture(autouse=True)
-def token(monkeypatch):
+def token(monkeypatch, settings):
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = [TOKEN_ENV, "SY_TEST_ROUTER_UNSET"]
     monkeypatch.setenv(TOKEN_ENV, GOOD_TOKEN)
 
 

@@ -20,7 +20,8 @@ TOKEN_ENV = "SY_TEST_ROUTER_HEALTH_TOKEN"
 
 
 @pytest.fixture(autouse=True)
-def token(monkeypatch):
+def token(monkeypatch, settings):
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = [TOKEN_ENV]
     monkeypatch.setenv(TOKEN_ENV, GOOD_TOKEN)
 
 

@@ -110,7 +110,8 @@ def test_an_unreachable_api_fails_readably():
     assert cluster.connection_detail == sync.errors[0]
 
 
-def test_a_missing_secret_variable_fails_readably(monkeypatch):
+def test_a_missing_secret_variable_fails_readably(monkeypatch, settings):
+    settings.SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = ["GPU_EAST_TOKEN"]
     monkeypatch.delenv("GPU_EAST_TOKEN", raising=False)
     cluster = make_cluster("http://127.0.0.1:9", kube_secret_env="GPU_EAST_TOKEN")
     Cluster.objects.filter(pk=cluster.pk).update(kube_secret_encrypted="")
