@@ -18,6 +18,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
+from fleet.api.refs import is_id
 from fleet.models import Membership
 from fleet.tenancy import has_role
 from rollouts.benchmarks import results, specs
@@ -307,7 +308,7 @@ def benchmark_compare(request: HttpRequest) -> HttpResponse:
         # Nothing named yet: the page to pick the two.
         return render(request, "rollouts/benchmark_compare.html", {"choose": True, "choices": choices})
     errors = {name: "give the id of a benchmark, e.g. ?a=12&b=15"
-              for name, value in raw.items() if not value.isdigit()}
+              for name, value in raw.items() if not is_id(value)}
     if errors:
         return render(request, "rollouts/benchmark_compare.html",
                       {"errors": errors, "choose": True, "choices": choices}, status=400)

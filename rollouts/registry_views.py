@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.paging import paginate, querystring_without_page
+from fleet.api.refs import is_id
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy import has_role, require_role
 from rollouts import approvals
@@ -114,7 +115,7 @@ def _deployment_form_page(request: HttpRequest, form: DeploymentForm, deployment
 def deployment_create(request: HttpRequest) -> HttpResponse:
     """Create a deployment of one of the viewer's models (deployer role in its tenant);
     ``?model=<id>`` picks the model."""
-    initial = {"model": request.GET.get("model")} if request.GET.get("model", "").isdigit() else {}
+    initial = {"model": request.GET.get("model")} if is_id(request.GET.get("model", "")) else {}
     form = DeploymentForm(request.POST or None, actor=request.user, initial=initial)
     if request.method == "POST":
         deployment = form.save()
@@ -156,11 +157,11 @@ def load_list(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(state__in=ModelLoad.IN_FLIGHT)
     elif chosen["state"] in ModelLoad.State.values:
         rows = rows.filter(state=chosen["state"])
-    if chosen["deployment"].isdigit():
+    if is_id(chosen["deployment"]):
         rows = rows.filter(deployment_id=int(chosen["deployment"]))
-    if chosen["version"].isdigit():
+    if is_id(chosen["version"]):
         rows = rows.filter(version__version=int(chosen["version"]))
-    if chosen["server"].isdigit():
+    if is_id(chosen["server"]):
         rows = rows.filter(server_id=int(chosen["server"]))
     deployments = Deployment.objects.visible_to(request.user).filter(loads__isnull=False).distinct()
     context = {

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
 from console.paging import paginate, querystring_without_page
+from fleet.api.refs import is_id
 from fleet.models import Membership
 from fleet.tenancy import has_role
 from fleet.tokens import person_id
@@ -295,7 +296,7 @@ def list_context(request: HttpRequest, found: Any, active: list[str], final: lis
     deployments = Deployment.objects.visible_to(request.user).select_related("tenant").order_by(
         "tenant__slug", "name")
     deployment = request.GET.get("deployment", "")
-    if deployment.isdigit():
+    if is_id(deployment):
         found = found.filter(deployment_id=int(deployment))
     else:
         deployment = ""

@@ -50,7 +50,10 @@ def parse_integer(value: str, minimum: int = MIN_INTEGER, maximum: int = MAX_INT
     within ``minimum`` and ``maximum``, or ValidationError saying what is wrong."""
     match = _INTEGER.fullmatch(value)
     if match is None:
-        raise ValidationError(f"must be a whole number, got {_shown(value)}", code="invalid")
+        # The value goes in as a parameter: DRF formats every message with its params, and a
+        # "%" written into the message itself would break that formatting (a 500).
+        raise ValidationError("must be a whole number, got %(value)s", code="invalid",
+                              params={"value": _shown(value)})
     number = int(match.group(1))
     if not minimum <= number <= maximum:
         raise ValidationError(f"must be between {minimum} and {maximum}, got {number}", code="range")
@@ -115,7 +118,8 @@ class StrictBooleanField(forms.Field):
             return True
         if value in (False, "false"):
             return False
-        raise ValidationError(f"must be true or false, got {_shown(str(value))}", code="invalid")
+        raise ValidationError("must be true or false, got %(value)s", code="invalid",
+                              params={"value": _shown(str(value))})
 
 
 class BooleanFilter(django_filters.BooleanFilter):

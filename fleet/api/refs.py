@@ -8,6 +8,7 @@ context makes unique (the server's cluster, or a name only one cluster has).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,16 @@ from drf_spectacular.types import OpenApiTypes
 from rest_framework import serializers
 
 from fleet.models import Cluster, Node
+
+# Up to 18 digits: every such number fits a 64-bit id column.
+_ID = re.compile(r"[0-9]{1,18}")
+
+
+def is_id(text: str) -> bool:
+    """Whether ``text`` is an id as a query string or a form carries one: ASCII digits only,
+    few enough for a 64-bit column. (``str.isdigit()`` is true of ``³`` and ``٣`` too, which
+    ``int()`` refuses or reads as another number.)"""
+    return _ID.fullmatch(text) is not None
 
 
 class NotFound(Exception):
@@ -41,7 +52,7 @@ def lookup(queryset: QuerySet, value: Any, name_field: str = "name") -> Model:
             raise NotFound(f"several {label}s you can see have {name_field} {value!r}: give the id")
         if named:
             return named[0]
-        if not value.isdigit():
+        if not is_id(value):
             raise NotFound(f"no {label} with {name_field} {value!r}")
     pk = int(value)
     found = queryset.filter(pk=pk).first() if 0 < pk < 2**63 else None
@@ -60,7 +71,7 @@ def lookup_node(value: Any, cluster: Cluster | None = None) -> Node:
         if found is None:
             raise NotFound(f"no node {name!r} in cluster {cluster_name!r}")
         return found
-    if isinstance(value, str) and not value.isdigit():
+    if isinstance(value, str) and not is_id(value):
         named = nodes.filter(name=value) if "\x00" not in value else nodes.none()
         if cluster is not None:
             named = named.filter(cluster=cluster)
@@ -107,7 +118,7 @@ class NodeField(IdOrNameField):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, str) and data and "/" not in data and not data.isdigit():
+        if isinstance(data, str) and data and "/" not in data and not is_id(data):
             return data
         try:
             return lookup_node(data)

@@ -287,6 +287,11 @@ class RolloutSerializer(serializers.ModelSerializer):
     route_url = serializers.SerializerMethodField(
         help_text="The URL of the deployment's route; null while none is in force",
     )
+    # Declared for the schema: read-only model fields lose allow_blank, and "" (no action
+    # asked for) is the usual value.
+    requested_action = serializers.ChoiceField(
+        choices=Rollout.Action.choices, allow_blank=True, read_only=True,
+        help_text="The action asked for and not carried out yet; empty: none")
 
     class Meta:
         model = Rollout

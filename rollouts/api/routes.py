@@ -209,6 +209,14 @@ class MirrorTargetSerializer(StrictFieldsMixin, serializers.Serializer):
     server = serializers.CharField(required=False, allow_blank=True, max_length=64,
                                    help_text="Its server; the first it is ready on when left out")
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A PATCH makes nested fields optional too; a mirror is whole or not sent at all.
+        missing = [name for name in ("version", "percent") if name not in attrs]
+        if missing:
+            raise serializers.ValidationError({name: [serializers.Field.default_error_messages[
+                "required"]] for name in missing})
+        return attrs
+
 
 class RouteChangeSerializer(StrictFieldsMixin, serializers.Serializer):
     """A route change. With PATCH, what is left out stays as in force."""
