@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db.models import QuerySet
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -10,7 +10,7 @@ from rest_framework import permissions, viewsets
 from rest_framework.request import Request
 
 from fleet.errors import DomainError
-from fleet.models import Tenant
+from fleet.models import Membership, Tenant
 from fleet.tenancy import is_platform_admin, tenant_roles
 
 #: The longest Idempotency-Key header a create call accepts.
@@ -25,14 +25,60 @@ def idempotency_key(request: Request) -> str:
     return key
 
 
+def holds_role_somewhere(user: Any, role: str) -> bool:
+    """Whether ``user`` holds ``role`` or more in at least one tenant (platform admins: yes)."""
+    roles = tenant_roles(user)
+    if roles is None:
+        return True
+    wanted = Membership.rank(role)
+    return any(Membership.rank(held) >= wanted for held in roles.values())
+
+
+class RoleFirstPermission(permissions.BasePermission):
+    """A write whose action the view lists in ``write_roles`` needs that role in some tenant
+    before its body is read: a viewer's POST is a 403 whatever it sends, never a 400 about the
+    body ("already exists" would tell it what the tenant holds). The domain function still
+    checks the role in the tenant the body names."""
+
+    message = "your role in your tenants does not allow this"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        role = getattr(view, "write_roles", {}).get(getattr(view, "action", None))
+        if role is None or not request.user or not request.user.is_authenticated:
+            return True  # nothing asked, or IsAuthenticated answers (401)
+        roles = tenant_roles(request.user)
+        if not roles or holds_role_somewhere(request.user, role):
+            # A caller in no tenant sees no row: every reference in its body names nothing
+            # and every object is a 404, as for another tenant's, so it learns nothing.
+            return True
+        best = max(roles.values(), key=Membership.rank)
+        self.message = f"this needs the {role} role in the tenant; you have {best}"
+        return False
+
+
+#: ``write_roles`` of a viewset whose writes the deployer role may make.
+DEPLOYER_WRITES = dict.fromkeys(("create", "update", "partial_update", "destroy"),
+                                Membership.Role.DEPLOYER)
+#: ``write_roles`` of a viewset whose writes only a tenant admin may make.
+ADMIN_WRITES = dict.fromkeys(("create", "update", "partial_update", "destroy"),
+                             Membership.Role.ADMIN)
+
+
 class TenantScopedViewSetMixin:
-    """Every queryset goes through ``visible_to(request.user)``: another tenant's row is a 404."""
+    """Every queryset goes through ``visible_to(request.user)``: another tenant's row is a 404;
+    an action named in ``write_roles`` is refused (403) before its body is read unless the
+    caller holds that role in some tenant."""
 
     request: Request
     queryset: QuerySet
+    #: Action name -> the least role it needs in some tenant (see RoleFirstPermission).
+    write_roles: ClassVar[dict[str, str]] = {}
 
     def get_queryset(self) -> QuerySet:
         return self.queryset.visible_to(self.request.user)
+
+    def get_permissions(self) -> list[permissions.BasePermission]:
+        return [*super().get_permissions(), RoleFirstPermission()]  # type: ignore[misc]
 
 
 class PlatformAdminWritePermission(permissions.BasePermission):

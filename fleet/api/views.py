@@ -18,7 +18,12 @@ from rest_framework.serializers import BaseSerializer
 
 from fleet import audit, audit_export, health, kube_connection, quota, quota_requests, tokens
 from fleet.api import serializers as s
-from fleet.api.base import FleetViewSet, TenantScopedViewSetMixin, resolve_tenant
+from fleet.api.base import (
+    ADMIN_WRITES,
+    FleetViewSet,
+    TenantScopedViewSetMixin,
+    resolve_tenant,
+)
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
 from fleet.errors import DomainError
@@ -58,6 +63,7 @@ class APITokenViewSet(
     """Tenant API tokens. Creating one needs the tenant admin role and shows the secret once;
     DELETE revokes (the row stays, for the audit trail)."""
 
+    write_roles = ADMIN_WRITES
     queryset = APIToken.objects.select_related("tenant", "created_by")
     serializer_class = s.APITokenSerializer
     filterset_fields = ["tenant__slug", "role"]
@@ -169,6 +175,7 @@ class QuotaRequestViewSet(
     class, a reason, an optional end date); a platform admin approves (as asked, or with other
     totals) or refuses with a reason. A grant with ``until`` gives the quota back then."""
 
+    write_roles = ADMIN_WRITES
     queryset = QuotaRequest.objects.select_related("tenant")
     serializer_class = s.QuotaIncreaseSerializer
     filterset_fields = ["tenant__slug", "device_class", "state"]

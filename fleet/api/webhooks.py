@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleet import webhooks
-from fleet.api.base import TenantScopedViewSetMixin, resolve_tenant
+from fleet.api.base import ADMIN_WRITES, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.serializers import StrictFieldsMixin, TenantField
 from fleet.errors import DomainError
 from fleet.models import Webhook, WebhookDelivery
@@ -114,6 +114,7 @@ class WebhookViewSet(
     """Tenant webhooks. Members list them; tenant admins create, change, delete and test them.
     The signing secret is returned once, on create; ``secret_prefix`` after."""
 
+    write_roles = ADMIN_WRITES
     queryset = Webhook.objects.select_related("tenant", "created_by")
     serializer_class = WebhookSerializer
     filterset_fields = ["tenant__slug", "active"]  # not "format": DRF reads ?format= itself

@@ -30,7 +30,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.schema import AutoSchema
-from fleet.api.base import MAX_IDEMPOTENCY_KEY, TenantScopedViewSetMixin, idempotency_key
+from fleet.api.base import (
+    DEPLOYER_WRITES,
+    MAX_IDEMPOTENCY_KEY,
+    TenantScopedViewSetMixin,
+    idempotency_key,
+)
 from fleet.api.filters import FilterSet, IntegerFilter, parse_integer
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
@@ -693,6 +698,7 @@ class BenchmarkJobViewSet(
 ):
     """Benchmark jobs: the most load a version carries within its SLO, per config."""
 
+    write_roles = DEPLOYER_WRITES
     queryset = BenchmarkJob.objects.select_related(
         "tenant", "deployment", "version__model", "server",
     )

@@ -25,7 +25,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet.api.base import TenantScopedViewSetMixin, idempotency_key
+from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
@@ -406,6 +406,7 @@ class RolloutViewSet(
 ):
     """Rollouts: a canary moved by evidence, or an A/B split ended by a verdict."""
 
+    write_roles = DEPLOYER_WRITES
     queryset = Rollout.objects.select_related(
         "tenant", "deployment__model", "deployment__route", "baseline", "candidate",
     )

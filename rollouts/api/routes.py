@@ -22,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from fleet.adapters.routers.base import POLICIES, WEIGHTED
-from fleet.api.base import TenantScopedViewSetMixin
+from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin
 from fleet.api.refs import IdOrNameField
 from fleet.api.serializers import StrictFieldsMixin
 from rollouts import routes
@@ -296,6 +296,7 @@ class RouteViewSet(
 ):
     """Deployment routes, by deployment id: the client URL and the split of its traffic."""
 
+    write_roles = DEPLOYER_WRITES
     queryset = Route.objects.select_related("deployment__tenant").order_by("deployment_id")
     serializer_class = RouteSerializer
     filterset_fields = {"state": ["exact"], "policy": ["exact"], "deployment__name": ["exact"]}

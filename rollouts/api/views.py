@@ -15,11 +15,16 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from fleet.api.base import TenantScopedViewSetMixin, idempotency_key, resolve_tenant
+from fleet.api.base import (
+    DEPLOYER_WRITES,
+    TenantScopedViewSetMixin,
+    idempotency_key,
+    resolve_tenant,
+)
 from fleet.api.filters import FilterSet, parse_integer
 from fleet.api.refs import IdOrNameFilter
 from fleet.errors import DomainError
-from fleet.models import Cluster, InferenceServer
+from fleet.models import Cluster, InferenceServer, Membership
 from rollouts import approvals, deployments, latency, loads, registry
 from rollouts.api import serializers as s
 from rollouts.api.filters import DeploymentFilter
@@ -116,6 +121,7 @@ class ModelViewSet(
     """Models in the registry. Creating is idempotent: the same name answers 200 with the
     existing model."""
 
+    write_roles = DEPLOYER_WRITES
     # The latest version is a subquery per row (an index lookup on (model, version)), not a
     # GROUP BY over every version: a page reads 50 models, and the page's count query, which
     # leaves the subquery out, counts models alone.
@@ -158,6 +164,7 @@ class ModelVersionViewSet(
     """Immutable model versions. Registering the same (model, version, sha256) again answers
     200 with the existing row; the same version with another sha256 is a 409."""
 
+    write_roles = DEPLOYER_WRITES
     queryset = ModelVersion.objects.select_related(
         "model__tenant", "registered_by", "registered_by_token"
     )
@@ -214,6 +221,7 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
     """Aliases such as production or staging. POST sets (creates or moves) an alias."""
 
     queryset = Alias.objects.select_related("model__tenant", "version")
+    write_roles = DEPLOYER_WRITES
     serializer_class = s.AliasSerializer
     filterset_class = AliasFilterSet
 
@@ -250,6 +258,7 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
     names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
     queryset = Deployment.objects.select_related(
+    write_roles = {**DEPLOYER_WRITES, "destroy": Membership.Role.ADMIN}
         "tenant", "model", "cluster", "route"
     ).prefetch_related("servers")
     read_only = ("tenant__slug", "model__name", "cluster__name", "route__url", "route__state")
@@ -349,6 +358,7 @@ class ModelLoadViewSet(
     serializer_class = s.ModelLoadSerializer
     filterset_class = LoadFilterSet
 
+    write_roles = DEPLOYER_WRITES
     @extend_schema(
         request=s.LoadRequestSerializer,
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],

@@ -31,7 +31,7 @@ from rest_framework.response import Response
 
 from console.schema import AutoSchema
 from fleet.adapters import kube_workloads as kw
-from fleet.api.base import TenantScopedViewSetMixin, idempotency_key
+from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
@@ -437,6 +437,7 @@ class WorkloadViewSet(
 ):
     """Triton and vLLM servers Switchyard runs as Deployments on Kubernetes clusters."""
 
+    write_roles = DEPLOYER_WRITES
     queryset = ServerWorkload.objects.select_related(
         "tenant", "deployment", "cluster", "version__model", "previous_version", "server",
         "placement",
