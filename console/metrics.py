@@ -9,17 +9,18 @@ rollouts, benchmarks by state, quota use per tenant and device class). Nothing i
 from the servers while answering: the figures are what Switchyard already keeps in Redis
 and the database.
 
-Who may read it (decided in :func:`refusal`):
+Who may read it (decided in :func:`refusal`): a platform-level scraper, never a tenant.
+The series carry every tenant's label values (tenant slugs, deployment names), so
 
-* ``SWITCHYARD_METRICS_TOKEN`` set: every request needs ``Authorization: Bearer <token>``
-  (401 without it or with another one);
-* the client address must lie in ``SWITCHYARD_METRICS_ALLOW_NETS`` (comma-separated CIDRs)
-  when that is set; when it is not: anywhere with a token, loopback only without one (403);
-* without a token, a request that came through a proxy (an ``X-Forwarded-For``,
-  ``Forwarded`` or ``X-Real-IP`` header) is refused unless ``SWITCHYARD_TRUST_PROXY_HEADERS``
-  says the proxy is trusted: behind a proxy on the same host every caller would otherwise
-  look local. With trusted proxy headers the address is the one the proxy saw
-  (``fleet.lockouts.client_ip``).
+* a scraper sends ``Authorization: Bearer <SWITCHYARD_METRICS_TOKEN>`` (401 without it or
+  with another one), from any address unless ``SWITCHYARD_METRICS_ALLOW_NETS``
+  (comma-separated CIDRs) narrows where from (403 elsewhere; with
+  ``SWITCHYARD_TRUST_PROXY_HEADERS`` the address is the one the proxy saw,
+  ``fleet.lockouts.client_ip``);
+* a platform admin's console session may read it too, to look (same networks rule);
+* with no token set, no scraper can read it: 403 saying to set one. Loopback is not
+  trusted: on a shared host (or behind a proxy on it) every local process, a tenant's
+  benchmark or model server included, would read every tenant's series.
 """
 
 from __future__ import annotations
@@ -43,16 +44,13 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from fleet import quota, telemetry
 from fleet.lockouts import client_ip
 from fleet.models import Quota
+from fleet.tenancy import is_platform_admin
 from rollouts import autoscaling
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout
 
 log = logging.getLogger(__name__)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-LOOPBACK: tuple[Network, ...] = (
-    ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"),
-)
-PROXY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
 
 # --------------------------------------------------------------------------------------------
 # Per-deployment autoscaling signal
@@ -332,30 +330,33 @@ def _plain(status: int, text: str) -> HttpResponse:
     return HttpResponse(text + "\n", status=status, content_type="text/plain; charset=utf-8")
 
 
+def _bearer_matches(request: HttpRequest, token: str) -> bool:
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(
+        sent.strip().encode(), token.encode())
+
+
 def refusal(request: HttpRequest) -> HttpResponse | None:
     """The answer to a caller who may not read /metrics (None: they may); see the module's
     docstring for the rules."""
     token = str(getattr(settings, "SWITCHYARD_METRICS_TOKEN", "") or "")
+    admin = is_platform_admin(getattr(request, "user", None))
+    if not admin and not token:
+        return _plain(403, "/metrics is off: set SWITCHYARD_METRICS_TOKEN and scrape with "
+                           "Authorization: Bearer <SWITCHYARD_METRICS_TOKEN> (its series name "
+                           "every tenant, so no address is trusted without it)")
+    if not admin and not _bearer_matches(request, token):
+        answer = _plain(401, "/metrics needs Authorization: Bearer <SWITCHYARD_METRICS_TOKEN>")
+        answer["WWW-Authenticate"] = 'Bearer realm="switchyard-metrics"'
+        return answer
     nets = allowed_networks()
-    if token:
-        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                sent.strip().encode(), token.encode()):
-            answer = _plain(401, "/metrics needs Authorization: Bearer <SWITCHYARD_METRICS_TOKEN>")
-            answer["WWW-Authenticate"] = 'Bearer realm="switchyard-metrics"'
-            return answer
-        if not nets:
-            return None
-    elif not getattr(settings, "SWITCHYARD_TRUST_PROXY_HEADERS", False) and any(
-            request.META.get(h) for h in PROXY_HEADERS):
-        return _plain(403, "/metrics came through a proxy: set SWITCHYARD_METRICS_TOKEN, or "
-                           "SWITCHYARD_TRUST_PROXY_HEADERS when the proxy is yours")
+    if not nets:
+        return None
     address = _address(request)
-    if address is None or not any(address in net for net in nets or LOOPBACK
+    if address is None or not any(address in net for net in nets
                                   if net.version == address.version):
-        return _plain(403, f"/metrics is not served to {address or 'this address'}: set "
-                           "SWITCHYARD_METRICS_TOKEN, or add its network to "
-                           "SWITCHYARD_METRICS_ALLOW_NETS")
+        return _plain(403, f"/metrics is not served to {address or 'this address'}: add its "
+                           "network to SWITCHYARD_METRICS_ALLOW_NETS")
     return None
 
 

@@ -21,6 +21,7 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from console import metrics
+from tests.factories import DeploymentFactory, TenantFactory
 from tests.kube.schemas import validate_builtin
 from tests.rollouts.test_autoscaling import (
     benchmark,
@@ -37,14 +38,18 @@ TOKEN = "s3cret-metrics-token-0123456789"
 
 
 @pytest.fixture(autouse=True)
-def open_defaults(settings):
-    """The settings as a fresh install has them (the lead's settings lines: all unset)."""
-    settings.SWITCHYARD_METRICS_TOKEN = ""
+def scraper_settings(settings):
+    """A platform's scraper: the token set, no networks named, no proxy trusted."""
+    settings.SWITCHYARD_METRICS_TOKEN = TOKEN
     settings.SWITCHYARD_METRICS_ALLOW_NETS = []
     settings.SWITCHYARD_TRUST_PROXY_HEADERS = False
 
 
-def get(address: str = "127.0.0.1", **headers: str) -> Any:
+def get(address: str = "127.0.0.1", token: str | None = TOKEN, **headers: str) -> Any:
+    """/metrics from ``address``, as the scraper asks (with the token) unless ``token`` is
+    None."""
+    if token is not None:
+        headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {token}")
     return Client().get("/metrics", REMOTE_ADDR=address, **headers)
 
 
@@ -65,47 +70,87 @@ def by_deployment(text: str, name: str) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def test_without_a_token_only_loopback_reads_it():
-    local, local6, mapped = get(), get("::1"), get("::ffff:127.0.0.1")
-    outside = get(OUTSIDE)
-
-    assert local.status_code == local6.status_code == mapped.status_code == 200
-    assert local["Content-Type"].startswith("text/plain; version=")
-    assert outside.status_code == 403
-    assert "SWITCHYARD_METRICS_TOKEN" in outside.content.decode()
-    assert "switchyard_deployment" not in outside.content.decode()
+@pytest.fixture
+def two_tenants():
+    """acme's and globex's deployments, whose names and slugs are label values."""
+    for slug in ("acme", "globex"):
+        DeploymentFactory(tenant=TenantFactory(slug=slug), name=f"{slug}-secret-deployment")
 
 
-def test_without_a_token_a_request_through_an_untrusted_proxy_is_refused(settings):
-    # A proxy on the same host makes every caller's socket address 127.0.0.1.
-    refused = get(HTTP_X_FORWARDED_FOR=OUTSIDE)
-    refused_forwarded = get(HTTP_FORWARDED=f"for={OUTSIDE}")
-    settings.SWITCHYARD_TRUST_PROXY_HEADERS = True
-    from_outside = get(HTTP_X_FORWARDED_FOR=OUTSIDE)
-    from_inside = get(HTTP_X_FORWARDED_FOR="127.0.0.1")
+def test_loopback_without_the_token_reads_nothing(two_tenants):
+    """A local process (a tenant's benchmark or model server on the same host) asking
+    without the token learns no tenant's label values."""
+    for address in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        answer = get(address, token=None)
+        text = answer.content.decode()
+        assert answer.status_code == 401, address
+        assert answer["WWW-Authenticate"] == 'Bearer realm="switchyard-metrics"'
+        assert "acme" not in text and "globex" not in text
+        assert "switchyard_deployment" not in text
 
-    assert refused.status_code == refused_forwarded.status_code == 403
-    assert "through a proxy" in refused.content.decode()
-    assert from_outside.status_code == 403
-    assert from_inside.status_code == 200
+
+def test_with_no_token_set_nobody_reads_it_not_even_loopback(settings, two_tenants):
+    settings.SWITCHYARD_METRICS_TOKEN = ""
+
+    for answer in (get(token=None), get("::1", token=None), get(token="anything"),
+                   get(OUTSIDE, token=None)):
+        text = answer.content.decode()
+        assert answer.status_code == 403
+        assert "set SWITCHYARD_METRICS_TOKEN" in text
+        assert "acme" not in text and "switchyard_deployment" not in text
+
+
+def test_a_tenant_members_session_does_not_read_it_a_platform_admins_does(
+        settings, alice, root, two_tenants):
+    member, admin = Client(), Client()
+    member.force_login(alice)
+    admin.force_login(root)
+
+    assert member.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 401
+    answer = admin.get("/metrics", REMOTE_ADDR="127.0.0.1")
+    assert answer.status_code == 200
+    assert 'tenant="globex"' in answer.content.decode()
+    settings.SWITCHYARD_METRICS_TOKEN = ""
+    assert member.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+    assert admin.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+
+
+def test_the_scraper_holding_the_token_reads_every_tenants_series(two_tenants):
+    answer = get(OUTSIDE)
+
+    assert answer.status_code == 200
+    assert answer["Content-Type"].startswith("text/plain; version=")
+    text = answer.content.decode()
+    assert 'tenant="acme"' in text and 'tenant="globex"' in text
 
 
 @pytest.mark.parametrize("nets", [["10.0.0.0/8", "not-a-network"], "10.0.0.0/8, fd00::/8"])
-def test_allowed_networks_replace_loopback(settings, nets):
+def test_allowed_networks_narrow_where_the_token_is_taken_from(settings, nets):
     settings.SWITCHYARD_METRICS_ALLOW_NETS = nets
 
     assert get("10.1.2.3").status_code == 200
     assert get("127.0.0.1").status_code == 403
     assert get(OUTSIDE).status_code == 403
+    assert get("10.1.2.3", token=None).status_code == 401
 
 
-def test_with_a_token_it_is_required_and_enough(settings):
-    settings.SWITCHYARD_METRICS_TOKEN = TOKEN
+def test_allowed_networks_read_the_address_a_trusted_proxy_saw(settings):
+    settings.SWITCHYARD_METRICS_ALLOW_NETS = ["10.0.0.0/8"]
+    untrusted = get(HTTP_X_FORWARDED_FOR="10.1.2.3")
+    settings.SWITCHYARD_TRUST_PROXY_HEADERS = True
+    from_outside = get(HTTP_X_FORWARDED_FOR=OUTSIDE)
+    from_inside = get(HTTP_X_FORWARDED_FOR="10.1.2.3")
 
-    missing = get()
-    wrong = get(HTTP_AUTHORIZATION=f"Bearer {TOKEN}x")
+    assert untrusted.status_code == 403  # the socket's 127.0.0.1, not the header
+    assert from_outside.status_code == 403
+    assert from_inside.status_code == 200
+
+
+def test_the_token_is_required_and_enough():
+    missing = get(token=None)
+    wrong = get(token=f"{TOKEN}x")
     basic = get(HTTP_AUTHORIZATION=f"Basic {TOKEN}")
-    right = get(OUTSIDE, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    right = get(OUTSIDE)
     lower = get(OUTSIDE, HTTP_AUTHORIZATION=f"bearer {TOKEN}")
 
     for answer in (missing, wrong, basic):
@@ -116,20 +161,12 @@ def test_with_a_token_it_is_required_and_enough(settings):
     assert "# TYPE switchyard_deployment_signal_up gauge" in right.content.decode()
 
 
-def test_a_token_and_networks_need_both(settings):
-    settings.SWITCHYARD_METRICS_TOKEN = TOKEN
-    settings.SWITCHYARD_METRICS_ALLOW_NETS = ["10.0.0.0/8"]
-
-    assert get("10.9.9.9", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
-    assert get(OUTSIDE, HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 403
-    assert get("10.9.9.9").status_code == 401
-
-
 def test_only_reads_are_served():
-    answer = Client().post("/metrics", REMOTE_ADDR="127.0.0.1")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    answer = Client().post("/metrics", REMOTE_ADDR="127.0.0.1", **auth)
 
     assert answer.status_code == 405
-    assert Client().head("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
+    assert Client().head("/metrics", REMOTE_ADDR="127.0.0.1", **auth).status_code == 200
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,14 +42,19 @@ PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 DEAD_REDIS = "redis://127.0.0.1:9/0"
 
 
+TOKEN = "own-metrics-token-0123456789"
+
+
 @pytest.fixture(autouse=True)
-def open_metrics(settings):
-    settings.SWITCHYARD_METRICS_TOKEN = ""
+def scraper_token(settings):
+    """/metrics always needs the token; the scraper here sends it."""
+    settings.SWITCHYARD_METRICS_TOKEN = TOKEN
     settings.SWITCHYARD_METRICS_ALLOW_NETS = []
     telemetry.resume()
 
 
 def scrape(**headers: str) -> dict[str, Any]:
+    headers.setdefault("HTTP_AUTHORIZATION", f"Bearer {TOKEN}")
     answer = Client().get("/metrics", REMOTE_ADDR="127.0.0.1", **headers)
     assert answer.status_code == 200, answer.content
     return {f.name: f for f in text_string_to_metric_families(answer.content.decode())}
@@ -278,7 +283,8 @@ def test_prometheus_scrapes_switchyard_and_every_dashboard_query_reads_it(live_s
     if prometheus_binary() is None:
         pytest.skip("prometheus is not installed (apt-get install -y prometheus)")
     assert httpx.get(f"{live_server.url}/login/", timeout=10).status_code == 200
-    prometheus = start_prometheus({"switchyard": f"{live_server.url}/metrics"})
+    prometheus = start_prometheus({"switchyard": f"{live_server.url}/metrics"},
+                                  bearer={"switchyard": TOKEN})
     try:
         prometheus.wait_for_target("switchyard", timeout=30)
 
@@ -292,7 +298,8 @@ def test_prometheus_scrapes_switchyard_and_every_dashboard_query_reads_it(live_s
         assert {"switchyard_http_requests_total",
                 "switchyard_http_request_duration_seconds_bucket"} <= stored()
 
-        exposition = declared(httpx.get(f"{live_server.url}/metrics", timeout=10).text)
+        exposition = declared(httpx.get(f"{live_server.url}/metrics", timeout=10,
+                                        headers={"Authorization": f"Bearer {TOKEN}"}).text)
         for title, expr in dashboard_queries():
             for name in set(re.findall(r"\bswitchyard_[a-z0-9_]+", expr)):
                 assert name in exposition, f"panel {title!r} reads {name}, which is not exported"
