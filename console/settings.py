@@ -524,8 +524,8 @@ CELERY_BEAT_SCHEDULE["reconcile-workloads"] = {
 }
 
 # --- Switchyard's own /metrics (console/metrics.py) ------------------------------------------------
-# With a token, scrapers send "Authorization: Bearer <token>"; without one, only loopback callers
-# are answered. SWITCHYARD_METRICS_ALLOW_NETS (comma-separated CIDRs) narrows who may call further.
+# Scrapers send "Authorization: Bearer <token>", loopback too; unset, /metrics answers 403 (its
+# series name every tenant). SWITCHYARD_METRICS_ALLOW_NETS (comma-separated CIDRs) narrows further.
 SWITCHYARD_METRICS_TOKEN = env_secret("SWITCHYARD_METRICS_TOKEN") or ""
 SWITCHYARD_METRICS_ALLOW_NETS = env_list("SWITCHYARD_METRICS_ALLOW_NETS", [])
 # The replica recommendation plans for this share of each replica's measured capacity.
