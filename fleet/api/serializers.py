@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils import timezone
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.utils import html
@@ -142,6 +142,51 @@ class JSONObjectFieldSchema(OpenApiSerializerFieldExtension):
 
     def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
         return {"type": "object"}
+
+
+class AdminOnlyFieldsMixin:
+    """Leaves ``admin_only_fields`` out of what it returns unless the caller is a platform
+    admin. Clusters and servers are shared by every tenant: tenants read their names, kinds
+    and health; how to reach a cluster's API (URL, credentials, the errors that name them) and
+    a server's files are the platform's. Writes are unaffected (platform admins only anyway).
+    """
+
+    admin_only_fields: tuple[str, ...] = ()
+    context: dict[str, Any]
+
+    def shows_admin_fields(self) -> bool:
+        request = self.context.get("request")
+        return request is not None and is_platform_admin(request.user)
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)  # type: ignore[misc]
+        if not self.shows_admin_fields():
+            for name in self.admin_only_fields:
+                data.pop(name, None)
+        return data
+
+
+class AdminOnlyFieldsSchema(OpenApiSerializerExtension):
+    """In answers, the admin-only fields are optional and say who gets them."""
+
+    target_class = "fleet.api.serializers.AdminOnlyFieldsMixin"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction != "response":
+            return schema
+        hidden = set(self.target.admin_only_fields)
+        for name in hidden & set(schema.get("properties", {})):
+            prop = schema["properties"][name]
+            note = "Platform admins only: left out for tenant members and tokens."
+            prop["description"] = f"{prop['description']} ({note})" if prop.get("description") else note
+        required = [name for name in schema.get("required", []) if name not in hidden]
+        if required:
+            schema["required"] = required
+        else:
+            schema.pop("required", None)
+        return schema
 
 
 class TenantField(serializers.SlugRelatedField):
@@ -334,7 +379,7 @@ class QuotaDecisionSerializer(StrictFieldsMixin, serializers.Serializer):
     memory_mib = serializers.IntegerField(required=False, min_value=0, max_value=quota_requests.MAX_MEMORY_MIB)
 
 
-class ClusterSerializer(ValidatedModelSerializer):
+class ClusterSerializer(AdminOnlyFieldsMixin, ValidatedModelSerializer):
     """A cluster and, for a kubernetes one, how to reach its API and what it last said.
 
     ``kube_secret`` (the bearer token, or the kubeconfig text) is write-only and stored
@@ -342,7 +387,16 @@ class ClusterSerializer(ValidatedModelSerializer):
     leaving it out or sending ``""`` keeps the stored one, ``null`` removes it. Or name the
     environment variable that holds it in ``kube_secret_env`` (read where Switchyard runs);
     the one given last wins, both at once is a 400.
+
+    Tenant members read the name, kind, namespace, router and health (connection and sync
+    state); how the API is reached, its credentials and the error texts (which name the API
+    server) are for platform admins only.
     """
+
+    admin_only_fields = (
+        "api_url", "s3_endpoint_url", "kube_auth", "kube_context", "kube_ca_bundle",
+        "kube_secret_env", "kube_secret_hint", "connection_detail", "sync_detail",
+    )
 
     kube_secret = serializers.CharField(
         write_only=True, required=False, allow_blank=True, allow_null=True,
@@ -389,9 +443,11 @@ class ClusterSerializer(ValidatedModelSerializer):
         return super().validate(attrs)
 
 
-class ClusterSyncSerializer(serializers.ModelSerializer):
+class ClusterSyncSerializer(AdminOnlyFieldsMixin, serializers.ModelSerializer):
     """One sync of a kubernetes cluster's inventory: what it added, changed, saw go, and the
-    errors it met."""
+    errors it met (platform admins only: they can name the API server)."""
+
+    admin_only_fields = ("errors",)
 
     class Meta:
         model = ClusterSync
@@ -543,7 +599,12 @@ class ReportedModelSerializer(serializers.Serializer):
     reason = serializers.CharField(allow_blank=True)
 
 
-class InferenceServerSerializer(ValidatedModelSerializer):
+class InferenceServerSerializer(AdminOnlyFieldsMixin, ValidatedModelSerializer):
+    """An inference server. Tenant members read its name, runtime, URLs to call it and its
+    health; its files (model repository, log) and its metrics URL, which counts every
+    tenant's models, are for platform admins only."""
+
+    admin_only_fields = ("metrics_url", "model_repository", "log_path")
     cluster = IdOrNameField(queryset=Cluster.objects.all(), help_text="Cluster id or name")
     node = NodeField(
         required=False, allow_null=True,

@@ -258,10 +258,10 @@ class ClusterViewSet(AuditedFleetViewSet):
             filter_backends=[])
     def syncs(self, request: Request, pk: str | None = None) -> Response:
         """The cluster's recent syncs, newest first: nodes and servers added, changed and
-        gone, and the errors met."""
+        gone, and (for platform admins) the errors met."""
         cluster = self.get_object()
         page = self.paginate_queryset(ClusterSync.objects.filter(cluster=cluster))
-        return self.get_paginated_response(s.ClusterSyncSerializer(page, many=True).data)
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
 
 class NodeFilterSet(FilterSet):

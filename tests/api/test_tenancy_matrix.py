@@ -533,12 +533,23 @@ class Op:
 
 
 def read_ops(basename: str, prefix: str, model: type[models.Model], rows: tuple[str, str | None],
-             scope: str = "tenant") -> list[Op]:
+             scope: str = "tenant", hidden: frozenset[str] = frozenset()) -> list[Op]:
+    """list and retrieve; ``hidden``: fields a member never reads (platform admins only)."""
+    done = (lambda w, body: not any(hidden & set(row) for row in body.get("results", [body]))
+            ) if hidden else None
     return [
-        Op(basename, "list", "GET", f"{prefix}/", model, "bob", 200, scope=scope, rows=rows),
+        Op(basename, "list", "GET", f"{prefix}/", model, "bob", 200, scope=scope, rows=rows,
+           done=done),
         Op(basename, "retrieve", "GET", f"{prefix}/{{{rows[0]}}}/", model, "bob", 200,
-           scope=scope),
+           scope=scope, done=done),
     ]
+
+
+#: What members never read of shared clusters and servers (tests/api/test_inventory_visibility.py).
+CLUSTER_PLATFORM_FIELDS = frozenset({
+    "api_url", "s3_endpoint_url", "kube_auth", "kube_context", "kube_ca_bundle",
+    "kube_secret_env", "kube_secret_hint", "connection_detail", "sync_detail"})
+SERVER_PLATFORM_FIELDS = frozenset({"metrics_url", "model_repository", "log_path"})
 
 
 def platform_write_ops(basename: str, prefix: str, model: type[models.Model], target: str,
@@ -627,7 +638,8 @@ OPS: list[Op] = [
                           "memory_mib": 2048},
         patch={"units": 99},
     ),
-    *read_ops("cluster", "clusters", Cluster, ("cluster", None), scope="fleet"),
+    *read_ops("cluster", "clusters", Cluster, ("cluster", None), scope="fleet",
+              hidden=CLUSTER_PLATFORM_FIELDS),
     *platform_write_ops(
         "cluster", "clusters", Cluster, "cluster",
         create=lambda w: {"name": "gpu-west", "kind": "static"},
@@ -651,7 +663,8 @@ OPS: list[Op] = [
                           "memory_mib": 40960},
         patch={"memory_mib": 40960},
     ),
-    *read_ops("server", "servers", InferenceServer, ("server", None), scope="fleet"),
+    *read_ops("server", "servers", InferenceServer, ("server", None), scope="fleet",
+              hidden=SERVER_PLATFORM_FIELDS),
     *platform_write_ops(
         "server", "servers", InferenceServer, "server",
         create=lambda w: {"cluster": w.cluster.pk, "name": "server-new", "runtime": "vllm",
@@ -663,7 +676,7 @@ OPS: list[Op] = [
     # Probing a server is open to any member: it refreshes observed health, typed in by no one.
     Op("server", "check", "POST", "servers/{server}/check/", InferenceServer, "bob", 200,
        scope="fleet", done=lambda w, body: body["health"] == "unreachable"
-       and fresh(w.server).last_checked_at is not None),
+       and fresh(w.server).last_checked_at is not None and not SERVER_PLATFORM_FIELDS & set(body)),
     # Kubernetes clusters: any member reads the sync history; platform admins test and sync.
     Op("cluster", "syncs", "GET", "clusters/{cluster}/syncs/", Cluster, "bob", 200,
        scope="fleet"),
