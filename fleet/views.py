@@ -246,8 +246,11 @@ def _cluster_live(request: HttpRequest, cluster: Cluster) -> dict[str, Any]:
 def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     cluster = _cluster(request, pk)
     context = _cluster_live(request, cluster)
-    context["secret_hint"] = kube_connection.secret_hint(cluster)
-    context["ca_certificates"] = cluster.kube_ca_bundle.count("BEGIN CERTIFICATE")
+    # How the API is reached and with what is the platform's: a tenant's page never gets it
+    # (the templates also show it only under ``is_platform_admin``).
+    if is_platform_admin(request.user):
+        context["secret_hint"] = kube_connection.secret_hint(cluster)
+        context["ca_certificates"] = cluster.kube_ca_bundle.count("BEGIN CERTIFICATE")
     return render(request, "fleet/cluster_detail.html", context)
 
 
