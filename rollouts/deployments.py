@@ -1,9 +1,17 @@
-"""Creating, changing and deleting deployments, role-checked and audited."""
+"""Creating, changing and deleting deployments, role-checked and audited.
+
+A deployment's ``production`` flag is itself approval-gated: only an approver (or higher) of
+its tenant changes it, either way, and it is turned on only while nothing of a version that
+is not approved is on the deployment or on its way there (:func:`unapproved_on`). With the
+load check (production deployments load approved versions only), no order of calls leaves an
+unapproved version on a production deployment.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -12,7 +20,14 @@ from fleet import audit, quota
 from fleet.errors import Conflict
 from fleet.models import Membership, Placement
 from fleet.tenancy import require_role
-from rollouts.models import Deployment, ModelLoad
+from rollouts.models import (
+    BenchmarkJob,
+    Deployment,
+    ModelLoad,
+    ModelVersion,
+    Rollout,
+    ServerWorkload,
+)
 
 FIELDS = ["name", "model", "cluster", "production", "slo_p99_ms", "slo_error_rate", "priority",
           "description"]
@@ -31,12 +46,19 @@ def _reprioritise(deployment: Deployment) -> None:
 def save_deployment(
     actor: Any, deployment: Deployment, servers: list[Any] | None = None, reason: str = ""
 ) -> Deployment:
-    """Create or update. Servers, when given, must belong to the deployment's cluster."""
+    """Create or update. Servers, when given, must belong to the deployment's cluster.
+
+    Changing ``production`` (on update) needs the approver role (PermissionDenied), and
+    turning it on is a Conflict on ``production`` while :func:`unapproved_on` finds anything.
+    A new deployment may start as production: nothing is on it yet.
+    """
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     creating = deployment.pk is None
     if not creating and Deployment.objects.filter(pk=deployment.pk, archived_at__isnull=False).exists():
         raise Conflict(f"deployment {deployment.name} is archived and cannot change")
     before = {} if creating else audit.snapshot(Deployment.objects.get(pk=deployment.pk), FIELDS)
+    if not creating:
+        _guard_production(actor, deployment, before["production"])
     if servers is not None:
         strangers = [s.name for s in servers if s.cluster_id != deployment.cluster_id]
         if strangers:
@@ -47,6 +69,12 @@ def save_deployment(
     deployment.full_clean()
     try:
         with transaction.atomic():
+            if not creating:
+                # Load and rollout requests lock this row too: checked again under the lock,
+                # nothing new slips in between the check and the flag.
+                locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+                before = audit.snapshot(locked, FIELDS)
+                _guard_production(actor, deployment, before["production"])
             deployment.save()
             if servers is not None:
                 deployment.servers.set(servers)
@@ -71,6 +99,70 @@ def save_deployment(
             f"a deployment named {deployment.name!r} already exists in this tenant", field="name"
         ) from None
     return deployment
+
+
+def _guard_production(actor: Any, deployment: Deployment, was_production: bool) -> None:
+    """Refuse a change of the production flag: by less than an approver (403), or turning it
+    on while a version that is not approved is on the deployment (409 on ``production``)."""
+    if bool(was_production) == bool(deployment.production):
+        return
+    try:
+        require_role(actor, deployment.tenant, Membership.Role.APPROVER)
+    except PermissionDenied as exc:
+        raise PermissionDenied(
+            f"an approver must change whether deployment {deployment.name} is production: {exc}"
+        ) from None
+    if not deployment.production:
+        return
+    found = unapproved_on(deployment)
+    if found:
+        raise Conflict(
+            f"deployment {deployment.name} cannot be marked production while versions that are "
+            f"not approved are on it or on their way: {'; '.join(found)}. Unload them, let "
+            "them finish (or abort them), or have the versions approved first",
+            field="production",
+        )
+
+
+def unapproved_on(deployment: Deployment) -> list[str]:
+    """What of a version that is not approved is on the deployment or on its way there, in
+    words: loads in flight or ready (or whose placement still holds the server), rollouts not
+    in a final state, Kubernetes workloads and benchmark jobs not finished. Empty: the
+    deployment may be marked production."""
+    approved = ModelVersion.Status.APPROVED
+    found: list[str] = []
+    held = (
+        deployment.loads.filter(
+            Q(state__in=[ModelLoad.State.READY, *ModelLoad.IN_FLIGHT])
+            | Q(placement__state__in=Placement.HOLDING)
+        )
+        .exclude(version__status=approved)
+        .select_related("version", "server")
+        .order_by("pk")
+    )
+    found += [f"v{load.version.version} ({load.version.get_status_display().lower()}): "
+              f"load {load.pk} {load.get_state_display().lower()} on {load.server.name}"
+              for load in held]
+    statuses = {n: ModelVersion.Status(status).label.lower()
+                for n, status in deployment.model.versions.values_list("version", "status")}
+    for rollout in deployment.rollouts.exclude(state__in=Rollout.FINAL).select_related(
+            "baseline", "candidate").order_by("pk"):
+        named = [f"v{n} ({statuses.get(n, 'unknown')})" for n in rollout.versions
+                 if statuses.get(n) != approved.label.lower()]
+        if named:
+            found.append(f"rollout {rollout.pk} ({rollout.get_state_display().lower()}) of "
+                         f"{', '.join(named)}")
+    for workload in deployment.workloads.filter(state__in=ServerWorkload.ACTIVE).exclude(
+            version__status=approved).select_related("version").order_by("pk"):
+        found.append(f"v{workload.version.version} "
+                     f"({workload.version.get_status_display().lower()}): workload "
+                     f"{workload.name} {workload.get_state_display().lower()}")
+    for job in deployment.benchmark_jobs.filter(state__in=BenchmarkJob.ACTIVE).exclude(
+            version__status=approved).select_related("version").order_by("pk"):
+        found.append(f"v{job.version.version} ({job.version.get_status_display().lower()}): "
+                     f"benchmark job {job.pk} "
+                     f"{job.get_state_display().lower()}")
+    return found
 
 
 def blockers(deployment: Deployment) -> list[str]:

@@ -11,6 +11,7 @@ from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant
 from fleet.tenancy import require_role, token_of
 from rollouts.models import Alias, Model, ModelLoad, ModelVersion
+from rollouts.routes import PRODUCTION_ALIAS
 
 VERSION_FIELDS = [
     "version",
@@ -109,9 +110,28 @@ def register_version(
     return existing, False
 
 
+def check_alias_target(name: str, version: ModelVersion) -> None:
+    """The production alias names approved versions only: anything else is a DomainError on
+    ``version``. Other aliases may name any version."""
+    if name == PRODUCTION_ALIAS and version.status != ModelVersion.Status.APPROVED:
+        raise DomainError(
+            f"@{PRODUCTION_ALIAS} names approved versions only; v{version.version} is "
+            f"{version.get_status_display().lower()}: have it approved first",
+            field="version",
+        )
+
+
 def set_alias(actor: Any, model: Model, name: str, version: ModelVersion, reason: str = "") -> Alias:
-    """Point ``name`` at ``version`` (create or move). Setting it to where it is changes nothing."""
+    """Point ``name`` at ``version`` (create or move). Setting it to where it is changes
+    nothing. The production alias moves to approved versions only (:func:`check_alias_target`)."""
     require_role(actor, model.tenant, Membership.Role.DEPLOYER)
+    return move_alias(actor, model, name, version, reason)
+
+
+def move_alias(actor: Any, model: Model, name: str, version: ModelVersion, reason: str) -> Alias:
+    """:func:`set_alias` without the role check: the system moving an alias on someone's
+    behalf (a rollout's promotion: its requester was checked when it was made). The
+    production alias still moves to approved versions only."""
     try:
         return _set_alias(actor, model, name, version, reason)
     except IntegrityError:  # a concurrent request created the alias first: move it instead
@@ -127,6 +147,7 @@ def _set_alias(actor: Any, model: Model, name: str, version: ModelVersion, reaso
         alias = alias or Alias(model=model, name=name)
         alias.version = version
         alias.full_clean()
+        check_alias_target(name, version)
         alias.save()
         audit.record(
             actor,
@@ -153,19 +174,18 @@ def delete_alias(actor: Any, alias: Alias, reason: str = "") -> None:
     alias.delete()
 
 
-GUARDED_ALIASES = ("production",)
+GUARDED_ALIASES = (PRODUCTION_ALIAS,)
 
 
 def alias_concerns(name: str, version: ModelVersion) -> list[str]:
-    """Why pointing the alias ``name`` at ``version`` deserves a second look, in words: it is
-    not approved, its last load failed, or it runs nowhere. Only the production alias is
-    guarded; the console asks for confirmation when this is not empty."""
+    """Why pointing the alias ``name`` at an approved ``version`` deserves a second look, in
+    words: its last load failed, or it runs nowhere. Only the production alias is guarded
+    (a version that is not approved is refused outright, :func:`check_alias_target`); the
+    console asks for confirmation when this is not empty."""
     if name not in GUARDED_ALIASES:
         return []
     concerns: list[str] = []
     label = f"v{version.version}"
-    if version.status != ModelVersion.Status.APPROVED:
-        concerns.append(f"{label} is {version.get_status_display().lower()}, not approved")
     latest = version.loads.select_related("server").order_by("-created_at", "-id").first()
     if latest is not None and latest.state in (ModelLoad.State.FAILED, ModelLoad.State.LOST):
         what = "failed" if latest.state == ModelLoad.State.FAILED else "was lost from the server"

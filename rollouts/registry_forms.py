@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 
+from fleet.errors import DomainError
 from fleet.forms import DomainForm
 from fleet.models import Cluster, InferenceServer, Membership, Tenant
 from fleet.tenancy import has_role
@@ -143,9 +144,11 @@ class VersionForm(DomainForm):
 class AliasForm(DomainForm):
     """Point an alias of a model at one of its versions (``registry.set_alias``).
 
-    Moving the production alias to a version that is not approved, whose last load failed or
-    that runs nowhere is refused until ``confirm`` is ticked, and the refusal says why
-    (``registry.alias_concerns``); ``concerns`` holds those reasons for the page."""
+    The production alias names approved versions only: any other is refused on ``version``
+    (``registry.check_alias_target``, as the API refuses it). Moving it to an approved version
+    whose last load failed or that runs nowhere is refused until ``confirm`` is ticked, and
+    the refusal says why (``registry.alias_concerns``); ``concerns`` holds those reasons for
+    the page."""
 
     name = forms.CharField(max_length=64, initial="production", label="Alias")
     version = forms.ModelChoiceField(
@@ -170,6 +173,11 @@ class AliasForm(DomainForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         if "name" in data and "version" in data:
+            try:
+                registry.check_alias_target(data["name"].strip(), data["version"])
+            except DomainError as exc:
+                self.add_error(exc.field, exc.message)
+                return data
             self.concerns = registry.alias_concerns(data["name"].strip(), data["version"])
             if self.concerns and not data.get("confirm"):
                 self.add_error("confirm", f"@{data['name'].strip()} would point at a version "
@@ -186,7 +194,10 @@ class AliasForm(DomainForm):
 
 class DeploymentForm(DomainForm):
     """Create or change a deployment (``deployments.save_deployment``): its model (fixed once
-    created), cluster, servers, SLO and production flag. The tenant is the model's."""
+    created), cluster, servers, SLO and production flag. The tenant is the model's.
+
+    Only an approver changes an existing deployment's production flag: for anyone else the
+    box is shown as it is and cannot change (the domain refuses it with a 403 all the same)."""
 
     name = forms.CharField(max_length=64, help_text="Lowercase letters, digits and dashes")
     model = forms.ModelChoiceField(
@@ -231,6 +242,10 @@ class DeploymentForm(DomainForm):
         if deployment is not None:
             self.fields["model"].disabled = True
             self.fields["model"].help_text = "A deployment's model cannot change"
+            if not has_role(self.actor, deployment.tenant, Membership.Role.APPROVER):
+                self.fields["production"].disabled = True
+                self.fields["production"].help_text = ("Loads approved versions only; an "
+                                                       "approver changes this")
 
     def perform(self) -> Deployment:
         data = self.cleaned_data

@@ -1257,9 +1257,14 @@ def _promoting(rollout: Rollout) -> bool:
         return False
     moved = ""
     if rollout.alias:
-        registry._set_alias(None, rollout.deployment.model, rollout.alias, rollout.candidate,
-                            f"promoted by rollout {rollout.pk}")
-        moved = f"; the {rollout.alias} alias now names v{cand}"
+        # The production alias names approved versions only: a promotion of any other
+        # version (on a deployment that is not production) leaves it where it is, and says so.
+        try:
+            registry.move_alias(None, rollout.deployment.model, rollout.alias, rollout.candidate,
+                                f"promoted by rollout {rollout.pk}")
+            moved = f"; the {rollout.alias} alias now names v{cand}"
+        except DomainError as exc:
+            moved = f"; the {rollout.alias} alias was left where it was: {exc.message}"
     _move(rollout, State.SUCCEEDED, f"v{cand} promoted: all traffic{moved}",
           weights={str(cand): 100}, finished_at=timezone.now(), waiting_for="",
           reason=rollout.reason if rollout.strategy == Rollout.Strategy.AB else f"v{cand} promoted")

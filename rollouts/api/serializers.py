@@ -201,15 +201,24 @@ class DeploymentSerializer(ValidatedModelSerializer):
         help_text="The URL clients send the deployment's traffic to (its route through the "
                   "cluster's traffic router); null while no route is in force",
     )
+    reason = serializers.CharField(
+        write_only=True, required=False, default="", allow_blank=True, max_length=2000,
+        help_text="Why, for the audit log (e.g. why the production flag changes)",
+    )
 
     class Meta:
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
             "slo_error_rate", "priority", "description", "route_url", "created_at", "updated_at",
-            "archived_at",
+            "archived_at", "reason",
         ]
         read_only_fields = ["created_at", "updated_at", "archived_at"]
+        extra_kwargs = {"production": {"help_text": (
+            "Loads approved versions only, and its rollouts wait for an approver. Changing it "
+            "on an existing deployment needs the approver role (403 otherwise); turning it on "
+            "is a 409 while a version that is not approved is loaded, loading, in a rollout, "
+            "a workload or a benchmark job on it")}}
         validators: list[Any] = []
 
     @extend_schema_field({"type": ["string", "null"], "format": "uri"})
@@ -222,6 +231,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         servers = attrs.pop("servers", None)
+        reason = attrs.pop("reason", "")
         model = attrs.get("model") or getattr(self.instance, "model", None)
         if model is not None:
             attrs["tenant"] = model.tenant
@@ -237,6 +247,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
                     {"servers": f"cluster {cluster} has no server named {', '.join(missing)}"}
                 )
             attrs["servers"] = list(found.values())
+        attrs["reason"] = reason
         return attrs
 
 

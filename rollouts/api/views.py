@@ -218,7 +218,8 @@ class ModelVersionViewSet(
 
 
 class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
-    """Aliases such as production or staging. POST sets (creates or moves) an alias."""
+    """Aliases such as production or staging. POST sets (creates or moves) an alias. The
+    production alias names approved versions only: any other is a 400 on ``version``."""
 
     queryset = Alias.objects.select_related("model__tenant", "version")
     write_roles = DEPLOYER_WRITES
@@ -303,18 +304,24 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
     def perform_create(self, serializer: s.DeploymentSerializer) -> None:
         data = dict(serializer.validated_data)
         servers = data.pop("servers", None)
+        reason = data.pop("reason", "")
         deployment = Deployment(**data)
         if servers is None:
             servers = list(deployment.cluster.servers.all())
-        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers)
+        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers,
+                                                          reason)
 
     def perform_update(self, serializer: s.DeploymentSerializer) -> None:
+        """A change of ``production`` needs the approver role, and turning it on is refused
+        (409) while a version that is not approved is on the deployment."""
         data = dict(serializer.validated_data)
         servers = data.pop("servers", None)
+        reason = data.pop("reason", "")
         deployment = serializer.instance
         for key, value in data.items():
             setattr(deployment, key, value)
-        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers)
+        serializer.instance = deployments.save_deployment(self.request.user, deployment, servers,
+                                                          reason)
 
     def perform_destroy(self, instance: Deployment) -> None:
         deployments.delete_deployment(self.request.user, instance)

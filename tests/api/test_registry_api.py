@@ -308,8 +308,9 @@ def test_there_is_no_route_to_change_or_delete_a_version(client_for, alice, mode
 
 
 def test_setting_then_moving_an_alias_records_created_then_moved(client_for, dave, model_a):
-    v1 = ModelVersionFactory(model=model_a, version=1)
-    v2 = ModelVersionFactory(model=model_a, version=2)
+    # The production alias names approved versions only (tests/api/test_production_gate.py).
+    v1 = ModelVersionFactory(model=model_a, version=1, status=ModelVersion.Status.APPROVED)
+    v2 = ModelVersionFactory(model=model_a, version=2, status=ModelVersion.Status.APPROVED)
     client = client_for(dave)
 
     created = client.post("/api/v1/aliases/", {"model": model_a.pk, "name": "production",
@@ -636,11 +637,11 @@ def trail(dave, alice, charlie, tenant_a, tenant_b, root, client_for):
     with time_machine.travel(START + timedelta(hours=1), tick=False):
         v1, _ = registry.register_version(dave, model, version_data(1, SHA_1))
     with time_machine.travel(START + timedelta(hours=2), tick=False):
-        registry.set_alias(alice, model, "production", v1, reason="first release")
+        registry.set_alias(alice, model, "staging", v1, reason="first release")
     with time_machine.travel(START + timedelta(hours=3), tick=False):
         v2, _ = registry.register_version(dave, model, version_data(2, SHA_2))
     with time_machine.travel(START + timedelta(hours=4), tick=False):
-        registry.set_alias(alice, model, "production", v2, reason="promote")
+        registry.set_alias(alice, model, "staging", v2, reason="promote")
         registry.create_model(charlie, tenant_b, "bert")
     client_for(root).post("/api/v1/clusters/", {"name": "gpu-west", "kind": "static"})
     return model

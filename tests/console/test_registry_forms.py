@@ -193,10 +193,9 @@ def test_production_moves_to_an_approved_running_version_without_a_question(dave
 @pytest.mark.parametrize(
     ("number", "why"),
     [
-        (2, ["v2 is registered, not approved", "v2 is not loaded on any server"]),
         (3, ["its last load, on triton-a, failed: sha256 mismatch", "v3 is not loaded on any server"]),
     ],
-    ids=["not-approved", "load-failed"],
+    ids=["load-failed"],
 )
 def test_a_risky_production_move_asks_first_and_says_why(dave, model, served, number, why):
     client = browser(dave)
@@ -213,6 +212,17 @@ def test_a_risky_production_move_asks_first_and_says_why(dave, model, served, nu
     assert Alias.objects.get(model=model, name="production").version == served[number]
     event = AuditEvent.objects.get(object_type="rollouts.alias")
     assert event.reason == f"hotfix (moved despite: {'; '.join(why)})"
+
+
+@pytest.mark.parametrize("confirm", [{}, {"confirm": "on"}], ids=["asked", "ticked"])
+def test_production_never_moves_to_a_version_that_is_not_approved(dave, model, served, confirm):
+    """The console refuses it on ``version``, as the API does, ticked box or not."""
+    response = browser(dave).post(f"/registry/models/{model.pk}/aliases/",
+                                  {"name": "production", "version": served[2].pk, **confirm})
+    assert response.status_code == 400
+    assert field_errors(response, "version") == [
+        "@production names approved versions only; v2 is registered: have it approved first"]
+    assert not Alias.objects.filter(model=model, name="production").exists()
 
 
 def test_an_unloaded_version_is_named_as_unloaded(dave, model, served):
@@ -292,10 +302,11 @@ def test_an_slo_out_of_range_is_a_400_on_its_field(dave, model, fleet, field, va
     assert field_errors(response, field)
 
 
-def test_editing_changes_what_it_may_and_keeps_its_model(dave, model, fleet, tenant_a):
+def test_editing_changes_what_it_may_and_keeps_its_model(erin, model, fleet, tenant_a):
+    # The production flag is an approver's to change (tests/api/test_production_gate.py).
     deployment = DeploymentFactory(tenant=tenant_a, model=model, cluster=fleet["cluster"], name="d1")
     other_model = ModelFactory(tenant=tenant_a, name="other")
-    response = browser(dave).post(f"/registry/deployments/{deployment.pk}/edit/", deployment_data(
+    response = browser(erin).post(f"/registry/deployments/{deployment.pk}/edit/", deployment_data(
         model, fleet, name="d1", model=other_model.pk, servers=[fleet["servers"][0].pk],
         production="on", slo_p99_ms="120"))
     deployment.refresh_from_db()
@@ -304,6 +315,21 @@ def test_editing_changes_what_it_may_and_keeps_its_model(dave, model, fleet, ten
     assert [s.name for s in deployment.servers.all()] == ["t1"]
     event = AuditEvent.objects.get(object_type="rollouts.deployment", verb="updated")
     assert event.after["slo_p99_ms"] == 120 and event.after["servers"] == ["t1"]
+
+
+def test_a_deployer_edits_a_deployment_but_not_its_production_flag(dave, model, fleet, tenant_a):
+    """The box is shown as it is and cannot change: a forged "off" keeps it on."""
+    deployment = DeploymentFactory(tenant=tenant_a, model=model, cluster=fleet["cluster"],
+                                   name="d1", production=True)
+    url = f"/registry/deployments/{deployment.pk}/edit/"
+    form = browser(dave).get(url).context["form"]
+    assert form.fields["production"].disabled
+    assert "an approver changes this" in form.fields["production"].help_text
+
+    response = browser(dave).post(url, deployment_data(model, fleet, name="d1", slo_p99_ms="120"))
+    deployment.refresh_from_db()
+    assert response.status_code == 302
+    assert (deployment.production, deployment.slo_p99_ms) == (True, 120)
 
 
 # --- the lists a team works from
