@@ -221,8 +221,8 @@ class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):
     """Aliases such as production or staging. POST sets (creates or moves) an alias. The
     production alias names approved versions only: any other is a 400 on ``version``."""
 
-    queryset = Alias.objects.select_related("model__tenant", "version")
     write_roles = DEPLOYER_WRITES
+    queryset = Alias.objects.select_related("model__tenant", "version")
     serializer_class = s.AliasSerializer
     filterset_class = AliasFilterSet
 
@@ -258,8 +258,8 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
     """Deployments: a model on a cluster, with its SLO. ``model`` and ``cluster`` are ids or
     names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
-    queryset = Deployment.objects.select_related(
     write_roles = {**DEPLOYER_WRITES, "destroy": Membership.Role.ADMIN}
+    queryset = Deployment.objects.select_related(
         "tenant", "model", "cluster", "route"
     ).prefetch_related("servers")
     read_only = ("tenant__slug", "model__name", "cluster__name", "route__url", "route__state")
@@ -358,6 +358,7 @@ class ModelLoadViewSet(
     on a server is a 409.
     """
 
+    write_roles = DEPLOYER_WRITES
     queryset = ModelLoad.objects.select_related(
         "deployment", "server", "version__model"
     ).prefetch_related(Prefetch("events", to_attr=s.prefetched("events")))
@@ -365,7 +366,6 @@ class ModelLoadViewSet(
     serializer_class = s.ModelLoadSerializer
     filterset_class = LoadFilterSet
 
-    write_roles = DEPLOYER_WRITES
     @extend_schema(
         request=s.LoadRequestSerializer,
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
