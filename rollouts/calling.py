@@ -24,7 +24,7 @@ from fleet.adapters import triton
 from fleet.adapters.base import ProbeFailed
 from fleet.adapters.routers.base import KSERVE_V2, OPENAI
 from fleet.adapters.vllm import adapter_name
-from fleet.models import InferenceServer
+from fleet.models import Cluster, InferenceServer
 from rollouts.models import Deployment, ModelLoad, ModelVersion, Route
 from rollouts.routes import PRODUCTION_ALIAS
 
@@ -101,9 +101,11 @@ def _sticky(route: Route | None) -> str:
 
 def _kserve(deployment: Deployment, version: ModelVersion, server: InferenceServer,
             route: Route | None, metadata: Metadata) -> CallGuide:
-    # Through the route, by the model's own name (the route rewrites it); on the server
-    # itself, by its name there.
-    model = deployment.model.name if route is not None else version.name_on(server)
+    # Through an nginx route, by the model's own name (nginx rewrites it to the name on the
+    # server); on the server itself, or through a Kubernetes route (an HTTPRoute or a
+    # VirtualService passes the path through), by its name on the server.
+    rewritten = route is not None and deployment.cluster.kind != Cluster.Kind.KUBERNETES
+    model = deployment.model.name if rewritten else version.name_on(server)
     base = route.url if route is not None else server.http_url.rstrip("/")
     path = f"/v2/models/{model}" if route is not None else f"/v2/models/{model}/versions/{version.version}"
     found = CallGuide(base_url=base, through="route" if route else "server", server=server.name,

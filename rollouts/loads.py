@@ -240,9 +240,14 @@ def _create_loads(
     loads: list[ModelLoad] = []
     created: list[ModelLoad] = []
     with transaction.atomic():
-        # Deleting the deployment takes the same lock: it is never archived under a new load.
-        if Deployment.objects.select_for_update().only("archived_at").get(pk=deployment.pk).archived_at:
+        # Deleting the deployment, and marking it production, take the same lock: it is never
+        # archived under a new load, nor made production with an unapproved one on its way.
+        locked = Deployment.objects.select_for_update().only("archived_at", "production").get(pk=deployment.pk)
+        if locked.archived_at:
             raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
+        if config_override is None and locked.production:
+            deployment.production = True
+            check_loadable(deployment, version)
         # The key is looked up under the locks of every server it could write a load to, so
         # a retry racing the first request waits for it and then replays it.
         for server in servers:

@@ -632,12 +632,12 @@ class TritonServerRuntime:
             except text_format.ParseError as exc:
                 detail = re.sub(r"^\d+:\d+ : ", "", str(exc))
                 raise AdapterError(
-                    f"{path} is not a valid Triton model config (line {exc.GetLine()}, "
+                    f"config.pbtxt of {model} is not a valid Triton model config (line {exc.GetLine()}, "
                     f"column {exc.GetColumn()}): {detail}",
                     permanent=True,
                 ) from exc
             except UnicodeDecodeError as exc:
-                raise AdapterError(f"{path} is not UTF-8 text: {exc}", permanent=True) from exc
+                raise AdapterError(f"config.pbtxt of {model} is not UTF-8 text: {exc}", permanent=True) from exc
         if not isinstance(overrides, Mapping):
             raise AdapterError(
                 f"config overrides for {model} must be a JSON object, not "

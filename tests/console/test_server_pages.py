@@ -70,19 +70,16 @@ def test_each_server_page_names_only_the_callers_models(request, shared, persona
 def test_a_deployment_page_shows_only_its_own_tenants_entries_of_a_shared_name(
     tenant_a, tenant_b, bob, charlie,
 ):
-    """Two tenants name a model alike; the server's entry is the one whose tenant placed it."""
-    from fleet.models import Placement
-    from tests.factories import DeploymentFactory, ModelVersionFactory
+    """Two tenants name a model alike; on the shared Triton each has a name of its own
+    (its tenant's slug qualifies it), and each page shows its own entry only."""
+    from tests.factories import DeploymentFactory
 
     theirs = ModelFactory(tenant=tenant_b, name="scorer")
     ours = ModelFactory(tenant=tenant_a, name="scorer")
     server = InferenceServerFactory(name="shared-2", reported_models=[
-        {"name": "scorer", "version": "7", "state": "UNAVAILABLE", "reason": PRIVATE},
+        {"name": f"{tenant_b.slug}.scorer", "version": "7", "state": "UNAVAILABLE", "reason": PRIVATE},
+        {"name": f"{tenant_a.slug}.scorer", "version": "3", "state": "READY", "reason": ""},
     ])
-    Placement.objects.create(
-        tenant=tenant_b, server=server, model_version=ModelVersionFactory(model=theirs, version=7),
-        device_class="cpu", units=1, memory_mib=1, state=Placement.State.ACTIVE,
-    )
     page_of = {}
     for user, model in ((bob, ours), (charlie, theirs)):
         deployment = DeploymentFactory(model=model, cluster=server.cluster)
@@ -93,5 +90,7 @@ def test_a_deployment_page_shows_only_its_own_tenants_entries_of_a_shared_name(
         assert response.status_code == 200
         page_of[user.username] = response.content.decode()
 
-    assert "v7 UNAVAILABLE" not in page_of["bob"]
+    assert "v7 UNAVAILABLE" not in page_of["bob"] and PRIVATE not in page_of["bob"]
+    assert "v3 READY" in page_of["bob"]
     assert "v7 UNAVAILABLE" in page_of["charlie"]
+    assert "v3 READY" not in page_of["charlie"]

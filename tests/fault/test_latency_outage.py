@@ -28,18 +28,23 @@ from tests.factories import (
     InferenceServerFactory,
     MembershipFactory,
     ModelFactory,
+    TenantFactory,
     UserFactory,
 )
 from tests.fault.conftest import RedisServer
+from tests.fixtures.triton import serve_demo_models_as
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
+# The demo model as the tenant "demo"'s model is named on a shared Triton.
+TENANT = "demo"
+SERVED = f"{TENANT}.fraud-scorer"
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
 
 
 def infer(triton, count: int) -> None:
     with httpx.Client(base_url=triton.http_url, timeout=10) as client:
         for _ in range(count):
-            response = client.post("/v2/models/fraud-scorer/versions/1/infer", json=INFER)
+            response = client.post(f"/v2/models/{SERVED}/versions/1/infer", json=INFER)
             assert response.status_code == 200, response.text
 
 
@@ -50,7 +55,8 @@ def deployment(local_triton):
         cluster=cluster, name="triton", http_url=local_triton.http_url,
         metrics_url=local_triton.metrics_url, runtime=InferenceServer.Runtime.TRITON,
     )
-    model = ModelFactory(name="fraud-scorer")
+    serve_demo_models_as(local_triton, TENANT)
+    model = ModelFactory(name="fraud-scorer", tenant=TenantFactory(slug=TENANT))
     dep = DeploymentFactory(tenant=model.tenant, model=model, cluster=cluster, name="fraud")
     dep.servers.set([server])
     return dep

@@ -71,7 +71,9 @@ def test_worker_records_a_healthy_triton_and_an_unreachable_server(
     assert live.health == Health.HEALTHY, live.health_detail
     assert live.health_detail == ""
     assert live.server_version == "2.51.0"
-    assert {(m["name"], m["version"], m["state"]) for m in live.reported_models} == EXPECTED_MODELS
+    # The session's own demo models; other tests' tenants' models there have qualified names.
+    assert {(m["name"], m["version"], m["state"]) for m in live.reported_models
+            if "." not in m["name"]} == EXPECTED_MODELS
     assert live.consecutive_failures == 0
     assert live.last_seen_at is not None
     assert live.health_changed_at is not None

@@ -101,7 +101,11 @@ def scrape_twice(dep: Any, first_at: float, seconds: float = 10.0) -> None:
     windows, taken = {}, {}
     for at, name in ((first_at, "triton_metrics.txt"),
                      (first_at + seconds, "triton_metrics_after_reload.txt")):
-        scraped = latency.Scraped(server, at, (CAPTURES / name).read_text())
+        # Captured from a Triton serving the demo's fraud-scorer; on a shared Triton the
+        # tenant's model goes by a name its slug qualifies.
+        text = (CAPTURES / name).read_text().replace('model="fraud-scorer"',
+                                                      f'model="{dep.model.name_on(server)}"')
+        scraped = latency.Scraped(server, at, text)
         windows[server.pk] = latency._windows(scraped, store)
         taken[server.pk] = at
     assert latency._write_points(store, dep, windows, taken) == 2  # v1 and v2

@@ -1,6 +1,7 @@
 """Live latency from the real Triton: the scraper's window, rollups, history and the API.
 
-GIVEN deployments whose server is the session's real Triton (demo models fraud-scorer v1/v2),
+GIVEN deployments whose server is the session's real Triton (demo models fraud-scorer v1/v2,
+there under the name the tenant "demo"'s model has on a shared Triton: demo.fraud-scorer),
 WHEN real inference requests are sent between two scraper ticks, THEN the series of each
 version shows exactly those requests, and the numbers survive Redis losing them.
 """
@@ -24,18 +25,22 @@ from tests.factories import (
     InferenceServerFactory,
     MembershipFactory,
     ModelFactory,
+    TenantFactory,
     UserFactory,
 )
+from tests.fixtures.triton import serve_demo_models_as
 from tests.rollups import requests_rolled_up
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
+TENANT = "demo"
+SERVED = f"{TENANT}.fraud-scorer"
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
 
 
 def infer(triton, version: int, count: int) -> None:
     with httpx.Client(base_url=triton.http_url, timeout=10) as client:
         for _ in range(count):
-            response = client.post(f"/v2/models/fraud-scorer/versions/{version}/infer", json=INFER)
+            response = client.post(f"/v2/models/{SERVED}/versions/{version}/infer", json=INFER)
             assert response.status_code == 200, response.text
 
 
@@ -52,7 +57,8 @@ def deployment(local_triton):
         cluster=cluster, name="triton", http_url=local_triton.http_url,
         metrics_url=local_triton.metrics_url, runtime=InferenceServer.Runtime.TRITON,
     )
-    model = ModelFactory(name="fraud-scorer")
+    serve_demo_models_as(local_triton, TENANT)
+    model = ModelFactory(name="fraud-scorer", tenant=TenantFactory(slug=TENANT))
     dep = DeploymentFactory(tenant=model.tenant, model=model, cluster=cluster, name="fraud", slo_p99_ms=50)
     dep.servers.set([server])
     return dep

@@ -106,9 +106,11 @@ def test_a_version_weight_is_split_evenly_over_its_servers_the_remainder_first_b
                              "v2-triton-a": 34, "v2-triton-b": 33}
     assert route.version_weights == {1: 33, 2: 67}
     assert route.spec["protocol"] == "kserve-v2"
+    # Requests are rewritten to the model's name on the shared servers (its tenant's).
+    served = f"{plain.deployment.tenant.slug}.scorer"
     assert {v["name"]: (v["model"], v["version"]) for v in route.spec["variants"]} == {
-        "v1-triton-a": ("scorer", 1), "v1-triton-b": ("scorer", 1),
-        "v2-triton-a": ("scorer", 2), "v2-triton-b": ("scorer", 2),
+        "v1-triton-a": (served, 1), "v1-triton-b": (served, 1),
+        "v2-triton-a": (served, 2), "v2-triton-b": (served, 2),
     }
     # Samples map back to rows through the variants of the revision.
     assert route.variants["v2-triton-b"] == {"version_id": plain.v2.pk, "version": 2,

@@ -1,10 +1,11 @@
-"""Two tenants on one vLLM server: what they could share is refused, not shared.
+"""Two tenants on one shared server: the names they are known by there.
 
 vLLM serves a model by the name clients send in the request body, which routes pass through
 untouched, so a tenant's model keeps its own name there. GIVEN acme's LoRA adapter
 ``support-tone`` loaded on a shared vLLM server, THEN globex's adapter of the same name and a
 base model rolled over both are refused with a 409 naming ``servers``, while globex's adapter
-of another name is accepted.
+of another name is accepted. On a shared Triton the call guide names the model as the
+client sends it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from fleet.models import InferenceServer, Membership
-from rollouts.models import ModelLoad, ModelVersion
+from fleet.adapters.base import ProbeFailed
+from fleet.models import Cluster, InferenceServer, Membership
+from rollouts import calling
+from rollouts.models import ModelLoad, ModelVersion, Route
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
@@ -84,3 +87,27 @@ def test_a_base_model_rolled_over_another_tenants_models_is_refused(server):
 
     assert refused.status_code == 409, refused.content
     assert "rolling a base model onto it would replace what they run on" in refused.json()["servers"][0]
+
+
+@pytest.mark.parametrize("kind, called", [
+    (Cluster.Kind.STATIC, "fraud-scorer"),  # nginx rewrites the path to the name on the server
+    (Cluster.Kind.KUBERNETES, "acme.fraud-scorer"),  # an HTTPRoute passes the path through
+])
+def test_the_call_guide_names_the_model_as_the_route_passes_it_on(kind, called):
+    """On a shared Triton acme's fraud-scorer is acme.fraud-scorer; the call guide shows the
+    name a client sends through the deployment's route, and the server's name for direct calls."""
+    tenant = TenantFactory(slug="acme")
+    server = InferenceServerFactory(cluster=ClusterFactory(name=f"shared-{kind}", kind=kind),
+                                    name="triton-shared", http_url="http://127.0.0.1:9")
+    model = ModelFactory(tenant=tenant, name="fraud-scorer")
+    deployment = DeploymentFactory(tenant=tenant, model=model, cluster=server.cluster)
+    version = ModelVersionFactory(model=model, version=1, status=ModelVersion.Status.APPROVED)
+
+    def no_answer(url: str, name: str, number: int) -> dict:
+        raise ProbeFailed(f"{name} v{number} is not there")
+
+    routed = calling._kserve(deployment, version, server, Route(url="http://route.example"), no_answer)
+    direct = calling._kserve(deployment, version, server, None, no_answer)
+
+    assert routed.endpoint == f"http://route.example/v2/models/{called}/infer"
+    assert direct.endpoint == "http://127.0.0.1:9/v2/models/acme.fraud-scorer/versions/1/infer"
