@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.errors import Conflict
+from fleet.errors import Conflict, DomainError
 from fleet.models import AuditEvent, Membership
-from rollouts import deployments
+from rollouts import deployments, loads
 from rollouts import rollout as rollouts
 from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Rollout, RolloutEvent
 from tests.factories import (
@@ -243,3 +243,15 @@ def test_promoting_an_unapproved_version_leaves_the_production_alias_and_says_so
     note = RolloutEvent.objects.filter(rollout=ended).order_by("id").last().message
     assert "v2 promoted: all traffic; the production alias was left where it was: " \
            "@production names approved versions only; v2 is registered" in note
+
+
+def test_a_load_read_before_the_flag_went_on_is_checked_again_under_the_lock(prod, dave):
+    """A load request that read the deployment as not production, while an approver marked
+    it production before the load's lock was taken, is refused all the same."""
+    stale = Deployment.objects.get(pk=prod["deployment"].pk)
+    stale.production = False  # as the request read it, a moment before the approver's change
+
+    with pytest.raises(DomainError, match="production deployments load approved versions only"):
+        loads.request_load(dave, stale, prod["v2"])
+
+    assert not ModelLoad.objects.filter(deployment=prod["deployment"]).exists()
