@@ -80,8 +80,24 @@ def test_server_is_healthy_and_lists_its_model(local_vllm: VLLMProcess):
 
 
 def test_chat_completion_answers(local_vllm: VLLMProcess):
-    answer = chat(local_vllm, SERVED_MODEL_NAME)
-    assert "Paris" in answer
+    """What Switchyard relies on: an answer under the served name, with its token counts.
+    Not the words: a 135M model's greedy pick differs between CPUs' numerics."""
+    response = httpx.post(
+        f"{local_vllm.http_url}/v1/chat/completions",
+        json={"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": QUESTION}],
+              "temperature": 0, "max_tokens": 24},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    choice = body["choices"][0]
+    assert body["model"] == SERVED_MODEL_NAME
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"].strip()
+    assert choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > len(QUESTION.split())  # the chat template wraps the question
+    assert 1 <= usage["completion_tokens"] <= 24
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def test_probe_reports_ready_with_the_model(local_vllm: VLLMProcess):
