@@ -11,7 +11,8 @@ nothing (nor a device class the fleet has none of), and the API answers those wi
 mistake, as a misspelt field would be). Nor can it say what the named server speaks: a
 benchmark's protocol must fit the server's runtime (and gRPC needs its gRPC address), and what
 each request carries is Triton inputs or LLM token counts by that protocol. Nor can it say that a moment lies in the future (a
-token's ``expires_at``), which depends on the clock, nor whether a webhook's host is a public
+token's ``expires_at``), which depends on the clock, nor that a PUT's ``name`` is the row's
+own (models and aliases are not renamed), nor whether a webhook's host is a public
 address (``http://0`` is 0.0.0.0, ``http://localhost`` is loopback). NUL characters are refused everywhere too
 (no stored text may hold one; PostgreSQL cannot), which a schema has no plain way to say for
 every string, and so are integers of 2**64 and past, which a free-form JSON value's schema
@@ -139,6 +140,9 @@ FREE_FORM_NUMBER = re.compile(r"^request\.inputs\[\d+\]\..*: the number "
 IN_THE_PAST = re.compile(r"^must be in the future$")
 # A webhook URL whose host is local, loopback, private, ... (fleet/outbound.py).
 NOT_PUBLIC = re.compile(r": give a public (address|host)$")
+# A PUT's name other than the row's own: whether it is a rename depends on the row, which
+# the schema of the body cannot know.
+RENAMED = re.compile(r"^an? [a-z]+ cannot be renamed(; create the new name)?$")
 
 
 def _messages(errors: Any) -> list[str]:
@@ -165,6 +169,7 @@ def refused_only_for_what_no_schema_states(response: Any) -> bool:
     return bool(messages) and all(
         UNKNOWN_REFERENCE.search(m) or NOT_SPOKEN.search(m) or NUL_REFUSED.search(m)
         or IN_THE_PAST.search(m) or FREE_FORM_NUMBER.search(m) or NOT_PUBLIC.search(m)
+        or RENAMED.search(m)
         for m in messages
     )
 
