@@ -105,9 +105,9 @@ def setup_django() -> None:
     django.setup()
     call_command("migrate", verbosity=0, interactive=False)
     # No Celery: the bench advances loads itself; nothing is sent to a broker.
-    from rollouts import tasks
+    import console.celery
 
-    tasks.advance_load.delay = lambda *args, **kwargs: None
+    console.celery.publish = lambda name, args: None
 
 
 # --------------------------------------------------------------------------------------------

@@ -106,8 +106,10 @@ class Reconciler:
         self.beats = 0
 
     def send_now(self, task: Any, *args: Any) -> bool:
-        """Stands for ``console.celery.send_now``: a rollout task is noted and run at once."""
-        if task.name.endswith("advance_rollout") and args:
+        """Stands for ``console.celery.send_now`` (a task or its name): a rollout task is noted
+        and run at once."""
+        name = task if isinstance(task, str) else task.name
+        if name.endswith("advance_rollout") and args:
             self.sent.append(int(args[0]))
         return True
 

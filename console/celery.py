@@ -49,23 +49,37 @@ task_prerun.connect(instrument.task_started, weak=False)
 task_postrun.connect(instrument.task_ended, weak=False)
 
 
-def send_now(task: Task, *args: Any) -> bool:
+def publish(name: str, args: tuple[Any, ...]) -> None:
+    """Put the task ``name(*args)`` on the broker: the one door every task sent by name goes
+    through (tests catch a task here). Raises what the broker raises."""
+    # Every Switchyard task ignores its result (CELERY_TASK_IGNORE_RESULT).
+    app.send_task(name, args=args, ignore_result=True)
+
+
+def send_now(task: Task | str, *args: Any) -> bool:
     """Enqueue ``task(*args)``; False (logged) when the broker cannot take it.
+
+    ``task`` is a task's name (``"rollouts.tasks.advance_load"``): domain modules send their
+    tasks by name and never import a task module, so imports run one way, from the tasks down
+    to the domain. A task module may pass its own task. The message is the one ``delay`` sends
+    (the task's routes, the request id in its headers: ``console.logs.carry_into_task``).
 
     Never raises for a broker outage: everything sent this way is also found by a periodic
     reconcile (beat), so a lost message only delays the work by one tick.
     """
+    name = task if isinstance(task, str) else task.name
     try:
-        task.delay(*args)
+        publish(name, args)
     except BROKER_ERRORS as exc:
         log.warning("could not enqueue %s%r, the broker is unreachable (%s); the next "
-                    "reconcile tick picks it up", task.name, args, exc)
+                    "reconcile tick picks it up", name, args, exc)
         return False
     return True
 
 
-def send_soon(task: Task, *args: Any) -> None:
-    """Enqueue ``task(*args)`` once the current transaction commits (at once outside one).
+def send_soon(task: Task | str, *args: Any) -> None:
+    """Enqueue ``task(*args)`` (a task's name, as for ``send_now``) once the current
+    transaction commits (at once outside one).
 
     The row the task works on is committed first, so a worker always finds it; a broker
     outage is logged, never raised: the request that wrote the row still succeeds.

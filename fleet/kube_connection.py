@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
+from console.celery import send_now
 from fleet import secrets
 from fleet.adapters import kubernetes as kube
 from fleet.errors import DomainError
@@ -169,11 +170,7 @@ def queue_sync(cluster: Cluster) -> bool:
             f"cluster {cluster.name} is a {cluster.kind} cluster: only kubernetes clusters are "
             "synced", field="kind",
         )
-    # Imported here: the task module imports the sync and its adapters.
-    from console.celery import send_now
-    from fleet import tasks
-
-    return send_now(tasks.sync_kube_cluster, cluster.pk, True)  # full: a list, not a watch
+    return send_now("fleet.tasks.sync_kube_cluster", cluster.pk, True)  # full: a list, not a watch
 
 
 def sync_queued_text(cluster: Cluster, queued: bool) -> str:

@@ -39,6 +39,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.celery import send_soon
 from fleet import audit, outbound
 from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant, Webhook, WebhookDelivery
@@ -239,15 +240,12 @@ def emit(tenant: Tenant, event: str, payload: dict[str, Any], *, summary: str = 
 
 
 def _queue(webhook: Webhook, event: str, payload: dict[str, Any], summary: str) -> WebhookDelivery:
-    from console.celery import send_soon
-    from fleet.tasks import deliver_webhook
-
     delivery = WebhookDelivery.objects.create(
         webhook=webhook, event=event, payload=payload, summary=summary[:500],
         next_attempt_at=timezone.now(),
     )
     # Sent once the row is committed; with the broker down, beat's retry tick sends it.
-    send_soon(deliver_webhook, delivery.pk)
+    send_soon("fleet.tasks.deliver_webhook", delivery.pk)
     return delivery
 
 

@@ -24,6 +24,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from console import logs
+from console.celery import send_soon
 from fleet import audit, health, quota
 from fleet.adapters.base import READY, AdapterError, ServerRuntime
 from fleet.audit import actor_label
@@ -348,10 +349,7 @@ def unload_for(
 def _enqueue_on_commit(load_id: int) -> None:
     """Hand the load to a worker once its row is committed; with the broker down the request
     still succeeds and the next reconcile tick (``due_loads``) picks the load up."""
-    from console.celery import send_soon
-    from rollouts.tasks import advance_load
-
-    send_soon(advance_load, load_id)
+    send_soon("rollouts.tasks.advance_load", load_id)
 
 
 # --------------------------------------------------------------------------------------------

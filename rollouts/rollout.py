@@ -58,6 +58,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console import logs
+from console.celery import send_soon
 from fleet import audit, webhooks
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError
@@ -486,10 +487,7 @@ def _create(actor: Any, deployment: Deployment, fields: dict[str, Any], idempote
 
 
 def _enqueue_on_commit(rollout_id: int) -> None:
-    from console.celery import send_soon
-    from rollouts.tasks import advance_rollout
-
-    send_soon(advance_rollout, rollout_id)
+    send_soon("rollouts.tasks.advance_rollout", rollout_id)
 
 
 ACTION_FROM: dict[str, list[str]] = {

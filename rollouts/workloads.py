@@ -54,6 +54,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from console.celery import send_soon
 from fleet import audit, namespaces, quota
 from fleet.adapters import kube_workloads as kw
 from fleet.audit import actor_label
@@ -641,7 +642,4 @@ def _check_no_traffic(workload: ServerWorkload) -> None:
 def _enqueue_on_commit(workload_id: int) -> None:
     """Hand the workload to a worker once its row is committed; with the broker down the
     request still succeeds and beat's next tick picks it up."""
-    from console.celery import send_soon
-    from rollouts.tasks import advance_workload
-
-    send_soon(advance_workload, workload_id)
+    send_soon("rollouts.tasks.advance_workload", workload_id)

@@ -11,7 +11,9 @@ from rest_framework.test import APIClient
 
 from fleet import tokens
 from fleet.models import Membership
+from rollouts import tasks
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
+from tests.fixtures import sent_tasks
 
 pytest_plugins = [
     "tests.fixtures.triton",
@@ -110,7 +112,7 @@ def _admin_of(tenant):
 def enqueued_loads(monkeypatch):
     """Tests advance loads by calling the reconciler; what would go to the broker is kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_load.delay", sent.append)
+    sent_tasks.catch(monkeypatch, tasks.advance_load, sent.append)
     return sent
 
 

@@ -31,6 +31,7 @@ from tests.factories import (
     ModelVersionFactory,
     QuotaFactory,
 )
+from tests.fixtures import sent_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def enqueued_rollouts(monkeypatch):
     """The live server runs in this process: what it would send to the broker is kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
     return sent
 
 

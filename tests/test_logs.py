@@ -12,8 +12,10 @@ import logging.config
 import pytest
 from django.conf import settings
 from django.test import Client
+from kombu import pools as kombu_pools
 
-from console import logs
+from console import celery, logs
+from fleet.tasks import check_server
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +118,45 @@ def test_a_log_sink_that_fails_never_breaks_a_request(alice):
     finally:
         logging.getLogger().removeHandler(broken)
     assert answer.status_code in (200, 400) and refused.status_code == 400
+
+
+@pytest.fixture
+def memory_broker():
+    """This process's Celery app publishes to kombu's in-process broker for the test; yields
+    the default queue, read as a worker reads it."""
+    app = celery.app
+
+    def forget_connections() -> None:
+        if app._pool is not None:
+            app._pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+        kombu_pools.reset()
+
+    before = app.conf.broker_url
+    forget_connections()
+    app.conf.broker_url = "memory://"
+    try:
+        with app.connection_for_write() as connection:
+            queue = connection.SimpleQueue(app.conf.task_default_queue)
+            yield queue
+            queue.close()
+    finally:
+        forget_connections()
+        app.conf.broker_url = before
+
+
+def test_a_task_sent_by_name_carries_the_request_id_as_delay_does(memory_broker):
+    """Domain modules send tasks by name (they import no task module): the message is the one
+    ``delay`` sends, with the request's id for the worker's lines."""
+    with logs.acting_for("ci-run-9"):
+        assert celery.send_now("fleet.tasks.check_server", 41)
+        check_server.delay(41)
+    by_name, by_delay = memory_broker.get(timeout=1), memory_broker.get(timeout=1)
+    for message in (by_name, by_delay):
+        message.ack()
+    assert by_name.headers[logs.TASK_HEADER] == "ci-run-9"
+    assert by_name.decode()[0] == [41] and by_name.delivery_info == by_delay.delivery_info
+    differ = {"id", "root_id"}
+    assert {k: v for k, v in by_name.headers.items() if k not in differ} == {
+        k: v for k, v in by_delay.headers.items() if k not in differ}

@@ -35,6 +35,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
+from console.celery import send_now
 from fleet import audit, quota
 from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
@@ -205,10 +206,8 @@ def _refuse_busy(server: InferenceServer) -> None:
 
 
 def _enqueue(job_id: int) -> None:
-    from rollouts.tasks import advance_benchmark
-
     try:
-        advance_benchmark.delay(job_id)
+        send_now("rollouts.tasks.advance_benchmark", job_id)
     except Exception:
         log.warning("benchmark %s: could not enqueue; the next tick takes it", job_id)
 

@@ -45,6 +45,7 @@ from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_
 from fleet.runtime.triton_local import start_triton, write_demo_repository
 from rollouts import demo, latency, loads, routes
 from rollouts.models import ModelLoad
+from tests.fixtures import sent_tasks
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -364,7 +365,7 @@ def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route
     monkeypatch.setattr("rollouts.demo.local_cluster.register_configured", lambda: server)
     # The rollout the doc asks for waits for its approver: no tick of the reconciler is needed
     # to answer as documented, so none is sent to a broker.
-    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", lambda rollout_id: None)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", lambda rollout_id: None)
     try:
         for load in demo.request_demo_loads():
             assert loads.run_to_end(load.pk, max_steps=40).state == ModelLoad.State.READY

@@ -26,6 +26,7 @@ from tests.factories import (
     ModelVersionFactory,
     QuotaFactory,
 )
+from tests.fixtures import sent_tasks
 
 URL = "/api/v1/benchmarks/"
 UNUSED = "http://127.0.0.1:9"
@@ -35,7 +36,7 @@ UNUSED = "http://127.0.0.1:9"
 def enqueued(monkeypatch):
     """What would go to the broker (the reconciler's next tick) is kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
     return sent
 
 

@@ -31,6 +31,7 @@ from tests.factories import (
     ModelVersionFactory,
     QuotaFactory,
 )
+from tests.fixtures import sent_tasks
 
 SHA = "1" * 64
 NUL = "\x00"
@@ -643,7 +644,7 @@ def rollable(tenant_a):
 @pytest.fixture
 def no_broker(monkeypatch):
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", sent.append)
     return sent
 
 

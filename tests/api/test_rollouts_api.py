@@ -30,6 +30,7 @@ from tests.factories import (
     ModelVersionFactory,
     UserFactory,
 )
+from tests.fixtures import sent_tasks
 
 URL = "/api/v1/rollouts/"
 UNUSED = "http://127.0.0.1:9"
@@ -39,7 +40,7 @@ UNUSED = "http://127.0.0.1:9"
 def enqueued_rollouts(monkeypatch):
     """What would go to the broker (the reconciler's next tick) is kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", sent.append)
     return sent
 
 

@@ -69,6 +69,7 @@ from tests.factories import (
     QuotaFactory,
     UserFactory,
 )
+from tests.fixtures import sent_tasks
 from tests.fixtures.route_nginx import nginx_static_router
 
 A100 = {kw.PRODUCT_LABEL: "NVIDIA-A100-SXM4-80GB"}
@@ -98,10 +99,10 @@ def no_broker(monkeypatch):
     """What would go to the broker is kept here: a benchmark or a server workload handed to
     its reconciler (by id), a cluster sync asked for (("sync", cluster id, full))."""
     sent: list[Any] = []
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
-    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", sent.append)
-    monkeypatch.setattr("fleet.tasks.sync_kube_cluster.delay",
-                        lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_workload", sent.append)
+    sent_tasks.catch(monkeypatch, "fleet.tasks.sync_kube_cluster",
+                     lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
     return sent
 
 

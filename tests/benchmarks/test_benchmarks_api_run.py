@@ -19,6 +19,7 @@ from fleet.models import Membership
 from rollouts.benchmarks import jobs
 from rollouts.models import BenchmarkJob, ModelLoad
 from tests.factories import MembershipFactory, UserFactory
+from tests.fixtures import sent_tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.triton]
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 def no_broker(monkeypatch):
     """The test is the reconciler here: what would go to the broker is kept."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
     return sent
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.fixtures import sent_tasks
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO_ROOT / "artifacts" / "screenshots"
 PASSWORD = "pw-for-tests-1"  # tests.factories.UserFactory
@@ -69,5 +71,5 @@ def enqueued_rollouts(monkeypatch) -> list[int]:
     """Console tests advance rollouts by calling the reconciler (``rollout.run_to_end``);
     what would go to the broker is kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_rollout.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", sent.append)
     return sent

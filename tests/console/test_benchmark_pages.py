@@ -27,6 +27,7 @@ from tests.factories import (
     ModelVersionFactory,
     QuotaFactory,
 )
+from tests.fixtures import sent_tasks
 
 State = BenchmarkJob.State
 ANONYMOUS = "anonymous"
@@ -42,7 +43,7 @@ def fast_passwords(settings):
 def enqueued(monkeypatch) -> list[int]:
     """What ``create_job`` and ``cancel`` would send to the broker."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
     return sent
 
 

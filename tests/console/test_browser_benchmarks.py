@@ -21,6 +21,7 @@ from rollouts import loads
 from rollouts.benchmarks import jobs
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.console.test_browser import screenshot
+from tests.fixtures import sent_tasks
 from tests.rollouts.triton_world import make_world
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton]
@@ -41,7 +42,7 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
     settings.DATA_DIR = tmp_path / "data"
     # The job is advanced here, tick by tick: what would go to the broker is kept.
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_benchmark.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_benchmark", sent.append)
     made_world = make_world(settings, tmp_path, moto_s3, make_s3_store, local_triton)
     world = next(made_world)
     errors: list[str] = []

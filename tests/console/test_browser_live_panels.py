@@ -29,6 +29,7 @@ from tests.factories import (
     QuotaFactory,
     UserFactory,
 )
+from tests.fixtures import sent_tasks
 
 pytestmark = pytest.mark.browser
 THREE_POLLS_MS = 16_000  # the slowest panel polls every 5 s
@@ -111,7 +112,7 @@ def test_a_kubernetes_clusters_sync_and_nodes_follow_the_api(open_page, live_ser
 def test_the_kubernetes_servers_panel_polls_until_nothing_is_in_flight(
     request, open_page, live_server, transactional_db, monkeypatch
 ):
-    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", lambda workload_id: None)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_workload", lambda workload_id: None)
     world = World(request)
     workload = world.pending_workload_a  # asked for by dave, not applied yet
     polls: list[int] = []

@@ -26,6 +26,7 @@ from tests.factories import (
     QuotaFactory,
     UserFactory,
 )
+from tests.fixtures import sent_tasks
 from tests.fixtures.celery_worker import database_url, forget_queue, start_worker
 from tests.rollouts.test_loads import make_artifact
 
@@ -44,8 +45,8 @@ def s3_worker(moto_s3, tmp_path, monkeypatch, transactional_db):
                           settings.REDIS_URL)
     from rollouts.tasks import advance_load
 
-    monkeypatch.setattr(
-        advance_load, "delay", lambda load_id: advance_load.apply_async((load_id,), queue=worker.queue)
+    sent_tasks.catch(
+        monkeypatch, advance_load, lambda load_id: advance_load.apply_async((load_id,), queue=worker.queue)
     )
     yield worker
     worker.stop()

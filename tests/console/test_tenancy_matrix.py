@@ -65,6 +65,7 @@ from rollouts.models import (
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory
+from tests.fixtures import sent_tasks
 
 Role = Membership.Role
 ANONYMOUS = "anonymous"
@@ -99,9 +100,9 @@ def queued(monkeypatch):
     """What would go to the broker: a server workload handed to its reconciler (its id), a
     cluster sync asked for (("sync", cluster id, full))."""
     sent: list[Any] = []
-    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", sent.append)
-    monkeypatch.setattr("fleet.tasks.sync_kube_cluster.delay",
-                        lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_workload", sent.append)
+    sent_tasks.catch(monkeypatch, "fleet.tasks.sync_kube_cluster",
+                     lambda cluster_id, full=False: sent.append(("sync", cluster_id, full)))
     return sent
 
 

@@ -31,6 +31,7 @@ from fleet.routers import router_for
 from rollouts import workload_reconciler
 from rollouts.models import ModelVersion, ServerWorkload
 from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
+from tests.fixtures import sent_tasks
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
 from tests.kube.schemas import HTTPROUTE_V1BETA1, validate_builtin, validate_custom
 
@@ -69,8 +70,8 @@ def test_an_admin_adds_a_cluster_its_gpus_sync_a_deployer_runs_triton_and_weight
     root, dave, tenant_a, monkeypatch
 ):
     # The sync and the workload's steps run here, as the worker runs them.
-    monkeypatch.setattr(fleet_tasks.sync_kube_cluster, "delay", lambda *args: None)
-    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", lambda *args: None)
+    sent_tasks.catch(monkeypatch, fleet_tasks.sync_kube_cluster, lambda *args: None)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_workload", lambda *args: None)
     model = ModelFactory(tenant=tenant_a, name="fraud_scorer")
     ModelVersionFactory(model=model, version=3, gpus=1, estimated_gpu_memory_mib=20480,
                         status=ModelVersion.Status.APPROVED)

@@ -28,6 +28,7 @@ from tests.factories import (
     ModelVersionFactory,
     QuotaFactory,
 )
+from tests.fixtures import sent_tasks
 
 A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -146,7 +147,7 @@ def enqueued_workloads(monkeypatch) -> list[int]:
     """Tests advance workloads by calling the reconciler; what would go to the broker is
     kept here."""
     sent: list[int] = []
-    monkeypatch.setattr("rollouts.tasks.advance_workload.delay", sent.append)
+    sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_workload", sent.append)
     return sent
 
 
