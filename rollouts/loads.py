@@ -506,7 +506,9 @@ def _reclaim(load: ModelLoad, refused: QuotaExceeded) -> None:
                     f"{settings.SWITCHYARD_RECLAIM_WAIT_S:.0f} s")
         return
     asked, kept = [], []
-    label = f"reclaimed for {load.tenant.slug} (cohort {load.tenant.cohort})"
+    # Neither side learns the other's name: the borrower reads that a lender of its cohort
+    # took its quota back, the lender what of other tenants' placements goes or stays.
+    label = f"reclaimed for a lender of cohort {load.tenant.cohort}"
     for item in refused.reclaimable:
         held = (ModelLoad.objects.filter(placement_id=item.placement_id)
                 .select_related("deployment", "version", "server").order_by("-pk").first())
@@ -516,8 +518,8 @@ def _reclaim(load: ModelLoad, refused: QuotaExceeded) -> None:
             unload_for(None, held.deployment, held.version, server_names=[held.server.name],
                        label=label)
             asked.append(str(item))
-        except DomainError as exc:
-            kept.append(f"{item} (kept: {exc.message})")
+        except DomainError:  # its message names the borrower's deployment
+            kept.append(f"{item} (kept for now: it cannot be unloaded yet, as while it serves route traffic)")
     note = "; ".join([*(f"unloading {a}" for a in asked), *kept]) or "unloads under way"
     _update(load, error=refused.message,
             next_attempt_at=timezone.now() + timedelta(seconds=RECLAIM_RETRY_S))

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from fleet import quota
-from fleet.errors import QuotaExceeded
+from fleet.errors import Conflict, QuotaExceeded
 from fleet.models import Cohort, Placement
 from rollouts import loads
 from rollouts.models import ModelLoad
@@ -192,7 +192,8 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
     keep.refresh_from_db()
     assert wanted.state == "pending" and wanted.next_attempt_at is not None
     assert cheap.state == "unloading" and keep.state == "ready"
-    assert cheap.unload_requested_by_label == "reclaimed for lender (cohort cpu-pool)"
+    # The borrower's history names no lender either.
+    assert cheap.unload_requested_by_label == "reclaimed for a lender of cohort cpu-pool"
     waiting = wanted.events.order_by("-pk").first().message
     assert "unloading a placement borrowing 1 and 1024 MiB" in waiting
     # The lender's history names neither the borrower nor its placement.
@@ -207,6 +208,36 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
     wanted.refresh_from_db()
     assert wanted.state == "admitted"
     assert wanted.placement.borrowed_units == 0
+
+
+def test_a_borrower_that_keeps_its_placement_is_not_named_to_the_lender(cpu_pool, monkeypatch):
+    """The borrower's version still serves route traffic: it is kept, and the lender's
+    history says so without the refusal's text, which names the borrower's deployment."""
+    monkeypatch.setattr(loads, "demand_of", lambda version, device_class, config: (1, 1024))
+    _, lender, borrower, server = cpu_pool
+    ready_load(borrower, server, 1, 1024)  # in its own quota
+    ready_load(borrower, server, 1, 1024, priority=5)  # borrowed
+    busy = ready_load(borrower, server, 1, 1024, priority=-3)  # borrowed, reclaimed first
+    ready_load(lender, server, 1, 1024)
+
+    def carrying(deployment, version, servers):
+        raise Conflict(f"{deployment.name} still sends traffic to v{version.version}", field="version")
+
+    monkeypatch.setattr(loads.routes, "check_unload", carrying)
+    deployment = DeploymentFactory(model__tenant=lender, tenant=lender, cluster=server.cluster)
+    deployment.servers.add(server)
+    wanted = ModelLoad.objects.create(
+        tenant=lender, deployment=deployment, server=server,
+        version=ModelVersionFactory(model=deployment.model), requested_by_label="ci")
+
+    loads.advance(wanted.pk)
+
+    busy.refresh_from_db()
+    assert busy.state == "ready"
+    waiting = wanted.events.order_by("-pk").first().message
+    assert "a placement borrowing 1 and 1024 MiB (kept for now" in waiting
+    for text in [*wanted.events.values_list("message", flat=True), wanted.error]:
+        assert busy.deployment.name not in text and "borrower" not in text
 
 
 def test_a_lender_that_waited_too_long_fails_with_the_refusal(cpu_pool, monkeypatch, settings):
