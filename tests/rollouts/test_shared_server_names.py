@@ -4,7 +4,8 @@ GIVEN acme and globex, each with a model called ``fraud-scorer`` built from its 
 (acme's scores ``sigmoid(mean)``, globex's answers a constant), and each a deployment on the
 same real Triton server, WHEN both load v1 and send traffic through their own routes, THEN
 each client gets its own model's answers under the name it calls, each deployment's latency
-counts only its own requests, globex sees none of acme's entries on the server, and globex's
+counts only its own requests, globex sees none of acme's entries on the server (API and
+console pages), and globex's
 unload leaves acme's version serving with its files in place.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from fleet.models import Cluster, InferenceServer, Membership, Node
@@ -154,6 +156,13 @@ def test_two_tenants_models_of_one_name_share_nothing_on_one_triton(shared):
     assert served_model_name("globex", NAME) in names
     assert served_model_name("acme", NAME) not in names
     assert "acme" not in detail.content.decode()
+    console = Client()
+    console.force_login(globex.user)
+    for page in (f"/fleet/servers/{server.pk}/", f"/fleet/servers/{server.pk}/status/",
+                 "/fleet/servers/live/", f"/registry/deployments/{globex.deployment.pk}/"):
+        answer = console.get(page)
+        assert answer.status_code == 200, page
+        assert "acme" not in answer.content.decode(), page
 
     # globex's unload takes its own version away, not acme's.
     Route.objects.filter(deployment=globex.deployment).delete()
