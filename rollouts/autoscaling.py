@@ -133,16 +133,11 @@ def _router_figures(deployment_id: int, window_s: int, now: float,
 
 def _server_figures(deployment_id: int, window_s: int, now: float,
                     store: redis.Redis) -> dict[str, Any] | None:
-    since = now - window_s
-    labels = sorted(raw.decode() for raw in store.smembers(latency._labels_key(deployment_id)))
     requests = failures = rps = 0.0
     p99s: list[float] = []
     queued: list[tuple[float, float]] = []
     newest = None
-    for label in labels:
-        points = latency._points(store, deployment_id, label, since)
-        if not points:
-            continue
+    for points in latency.live_points(store, deployment_id, now - window_s).values():
         counted = sum(p.get("requests", 0.0) for p in points)
         seconds = sum(p.get("seconds", 0.0) for p in points)
         requests += counted

@@ -282,6 +282,17 @@ def _points(store: redis.Redis, deployment_id: int, label: str, since: float) ->
     return [json.loads(item) for item in raw]
 
 
+def live_points(store: redis.Redis, deployment_id: int, since: float) -> dict[str, list[dict[str, Any]]]:
+    """The scrapers' points since ``since`` in the live window, by label (version), in label
+    order; a label with none is left out."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for label in sorted(raw.decode() for raw in store.smembers(_labels_key(deployment_id))):
+        points = _points(store, deployment_id, label, since)
+        if points:
+            found[label] = points
+    return found
+
+
 def _roll_up(store: redis.Redis, deployment: Deployment, label: str, now: float) -> None:
     """Upsert the current minute of one series from its full-resolution points."""
     start = now - now % 60

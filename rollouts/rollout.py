@@ -102,7 +102,9 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "max_p99_ms": None,
     "max_error_rate": None,
 }
-_LIMITS: dict[str, tuple[float, float, type]] = {
+# The range and type of each analysis setting: parse_analysis refuses outside them, and the
+# API's schema states them.
+ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "planned_samples": (10, 10_000_000, int),
     "min_samples": (10, 10_000_000, int),
     "latency_tolerance_pct": (0, 1000, float),
@@ -145,13 +147,13 @@ def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
         raise DomainError("must be an object", field=field)
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        if key not in _LIMITS:
-            known = ", ".join(sorted(_LIMITS))
+        if key not in ANALYSIS_LIMITS:
+            known = ", ".join(sorted(ANALYSIS_LIMITS))
             raise DomainError(f"unknown setting {str(key)[:40]!r}; known: {known}", field=field)
         if value is None and ANALYSIS_DEFAULTS[key] is None:
             out[key] = None
             continue
-        low, high, kind = _LIMITS[key]
+        low, high, kind = ANALYSIS_LIMITS[key]
         if not _is_number(value) or (kind is int and value != int(value)) or not low <= value <= high:
             what = "an integer" if kind is int else "a number"
             raise DomainError(f"must be {what} from {low:g} to {high:g}, got {value!r}"[:200],
@@ -729,8 +731,8 @@ def _route(rollout: Rollout, weights: dict[int, int], why: str, *, sticky: bool 
     """Put ``weights`` (by version) in force on the deployment's route, by the system on the
     rollout's behalf; the route in force already is a no-op. Raises the route's errors."""
     policy = "sticky" if sticky and rollout.sticky_header else "weighted"
-    routes._set_route(
-        None, rollout.deployment, {n: w for n, w in weights.items()}, policy=policy,
+    routes.set_route_as_system(
+        rollout.deployment, {n: w for n, w in weights.items()}, policy=policy,
         sticky_header=rollout.sticky_header if policy == "sticky" else "",
         reason=f"rollout {rollout.pk}: {why}",
     )

@@ -351,6 +351,20 @@ def set_route(
     return _set_route(actor, deployment, weights, policy, sticky_header, mirror, reason)
 
 
+def set_route_as_system(
+    deployment: Deployment,
+    weights: Weights,
+    *,
+    policy: str = WEIGHTED,
+    sticky_header: str = "",
+    mirror: MirrorTarget | None = None,
+    reason: str = "",
+) -> Route:
+    """``set_route`` by Switchyard itself (a rollout's step or its way back): no person's role
+    is checked, and the change is recorded as the system's. The same refusals."""
+    return _set_route(None, deployment, weights, policy, sticky_header, mirror, reason)
+
+
 def _set_route(
     actor: Any,
     deployment: Deployment,

@@ -39,7 +39,7 @@ from fleet.kube_connection import access_for
 from fleet.models import Placement
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.workload_specs import autoscaler_manifest, demand, held_text, server_spec
-from rollouts.workloads import _range_words
+from rollouts.workloads import range_words
 
 log = logging.getLogger(__name__)
 State = ServerWorkload.State
@@ -345,7 +345,7 @@ def _roll_back(workload: ServerWorkload) -> None:
         low, high = kw.replica_range_of(workload.previous_spec) or _range(workload)
         kw.apply(access, autoscaler_manifest(workload, (low, high)))
         fields.update(min_replicas=low, max_replicas=high)
-        restored_words = _range_words(low, high)
+        restored_words = range_words(low, high)
     else:
         fields["replicas"] = kw.replicas_of(workload.previous_spec)
         restored_words = f"{fields['replicas']} replicas"

@@ -135,7 +135,8 @@ def _check_range(low: Any, high: Any) -> tuple[int, int]:
     return low, high
 
 
-def _range_words(low: int, high: int) -> str:
+def range_words(low: int, high: int) -> str:
+    """An autoscaled workload's replica range as its events name it: "1-4 replicas (HPA)"."""
     return f"{low}-{high} replicas (HPA)"
 
 
@@ -550,8 +551,8 @@ def set_replica_range(workload: ServerWorkload, min_replicas: Any, max_replicas:
             f"up to {high} replicas of {locked.name} hold {held}, admitted up front since the "
             f"HPA may scale to them at any time (up to {before[1]} hold {now})"))
         _start_change(
-            locked, actor, f"changing the HPA's range from {_range_words(*before)} to "
-                           f"{_range_words(low, high)}, asked by {actor_label(actor)}",
+            locked, actor, f"changing the HPA's range from {range_words(*before)} to "
+                           f"{range_words(low, high)}, asked by {actor_label(actor)}",
             min_replicas=low, max_replicas=high, previous_version=None,
         )
         audit.record(actor, "scaled_workload", locked, tenant=locked.tenant,

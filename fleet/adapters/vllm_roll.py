@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fleet.adapters.base import READY, AdapterError, LoadedVersion
 from fleet.adapters.triton_runtime import safe_extract
-from fleet.runtime import vllm_local
+from fleet.runtime import processes, vllm_local
 
 SwitchFn = Callable[[str, int], None]  # (new http_url, new pid)
 
@@ -105,7 +105,7 @@ class VLLMRollRuntime:
             raise AdapterError(f"{model} v{version} is not placed at {folder}", permanent=True)
         current = read_pidfile(self.pidfile)
         pid = current.get("pid")
-        if current.get("model_dir") == str(folder) and isinstance(pid, int) and vllm_local._alive(pid):
+        if current.get("model_dir") == str(folder) and isinstance(pid, int) and processes.alive(pid):
             served = self._config(model, version, str(current.get("http_url", "")))
             return LoadedVersion(model, version, self._hash(served), served)
         try:
@@ -130,7 +130,7 @@ class VLLMRollRuntime:
         current = read_pidfile(self.pidfile)
         pid = current.get("pid")
         serving = current.get("model_dir") == str(self.model_dir(model, version))
-        return READY if serving and isinstance(pid, int) and vllm_local._alive(pid) else ""
+        return READY if serving and isinstance(pid, int) and processes.alive(pid) else ""
 
     def served(self, model: str, version: int, timeout: float | None = None) -> LoadedVersion:
         """What the running process serves (a permanent AdapterError when it is not this

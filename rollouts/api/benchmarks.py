@@ -41,7 +41,7 @@ from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
 from fleet.errors import DomainError
 from fleet.models import InferenceServer
-from rollouts.api.rollouts import MAX_VERSION, _named_at_the_top
+from rollouts.api.rollouts import MAX_VERSION, named_at_the_top
 from rollouts.api.serializers import ModelVersionSerializer
 from rollouts.benchmarks import jobs, results, specs, sweep
 from rollouts.models import BenchmarkJob, Deployment, Model
@@ -734,7 +734,7 @@ class BenchmarkJobViewSet(
                 **body.to_domain(),
             )
         except DomainError as exc:
-            raise _named_at_the_top(exc) from None
+            raise named_at_the_top(exc) from None
         return self._answer(found.pk, status.HTTP_201_CREATED if made else status.HTTP_200_OK)
 
     @extend_schema(

@@ -54,7 +54,7 @@ TOP_FIELD = re.compile(r"[A-Za-z_]+")
 
 
 def _setting_schema(key: str) -> dict[str, Any]:
-    low, high, kind = rollout._LIMITS[key]
+    low, high, kind = rollout.ANALYSIS_LIMITS[key]
     schema: dict[str, Any] = {"type": "integer" if kind is int else "number",
                               "minimum": low, "maximum": high}
     if rollout.ANALYSIS_DEFAULTS[key] is None:
@@ -220,7 +220,7 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
         return data
 
 
-def _named_at_the_top(exc: DomainError) -> DomainError:
+def named_at_the_top(exc: DomainError) -> DomainError:
     """The domain names the path at fault (``steps[2]``, ``analysis.alpha``); the API keys
     errors by the body's field and puts the path in front of the message, as the parser does."""
     field = exc.field or ""
@@ -448,7 +448,7 @@ class RolloutViewSet(
                 **body.to_domain(),
             )
         except DomainError as exc:
-            raise _named_at_the_top(exc) from None
+            raise named_at_the_top(exc) from None
         return self._answer(found.pk, status.HTTP_201_CREATED if made else status.HTTP_200_OK)
 
     def _request(self, request: Request, what: str) -> Response:

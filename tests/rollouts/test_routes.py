@@ -355,6 +355,22 @@ def test_the_beat_tick_routes_a_deployment_once_a_version_is_ready(plain, tenant
     assert not Route.objects.filter(pk=unrouted.deployment.pk).exists()
 
 
+def test_the_system_moves_a_route_with_the_same_checks_and_is_recorded_as_itself(plain):
+    """A rollout's step is Switchyard's own change: no person's role, the same refusals."""
+    ready(plain.deployment, plain.v1, plain.a)
+    ready(plain.deployment, plain.v2, plain.a)
+
+    route = routes.set_route_as_system(plain.deployment, {1: 90, 2: 10}, reason="rollout 7: step 1")
+    with pytest.raises(routes.DomainError) as refused:
+        routes.set_route_as_system(plain.deployment, {1: 90, 3: 10})
+
+    assert route.version_weights == {1: 90, 2: 10}
+    assert (route.revisions.get().actor_label, route.revisions.get().reason) == (
+        "system", "rollout 7: step 1")
+    assert refused.value.field == "weights"
+    assert Route.objects.get(pk=route.pk).version_weights == {1: 90, 2: 10}
+
+
 def test_a_version_carrying_traffic_cannot_be_unloaded(plain, dave):
     one = ready(plain.deployment, plain.v1, plain.a)
     two = ready(plain.deployment, plain.v2, plain.a)
