@@ -146,3 +146,116 @@ def test_migrations_are_complete(db):
     out = StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# Imports run one way (tasks -> domain), and a module's private names stay its own
+# --------------------------------------------------------------------------------------------
+
+
+def _product_modules() -> dict[str, Path]:
+    """Every product module by its dotted name (migrations left out)."""
+    found: dict[str, Path] = {}
+    for app in PRODUCT_APPS:
+        for path in sorted((ROOT / app).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if "migrations" in parts:
+                continue
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _from_module(node: ast.ImportFrom, module: str, path: Path) -> str:
+    """The module ``from … import`` names in ``module`` (at ``path``), a relative one resolved."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def _is_task_module(name: str) -> bool:
+    return name.split(".")[0] in PRODUCT_APPS and name.rsplit(".", 1)[-1] == "tasks"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _dotted(node: ast.expr) -> str:
+    """``a.b.c`` for an attribute chain on a name; "" for anything else."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def test_no_module_but_a_task_module_imports_a_task_module():
+    """Domain modules, views and the API send their tasks by name after the commit
+    (``console.celery.send_soon`` / ``send_now``); only task modules import task modules,
+    at any depth (an import inside a function hides a circle, it does not remove it)."""
+    offenders = []
+    for module, path in _product_modules().items():
+        if _is_task_module(module):
+            continue
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_module(node, module, path)
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            offenders += [f"{module}:{node.lineno} imports {n}" for n in names if _is_task_module(n)]
+    assert offenders == []
+
+
+def test_every_task_sent_by_name_is_a_task():
+    """A task sent by name (``send_soon("rollouts.tasks.advance_load", pk)``) names a task the
+    workers have: a misspelt name would be published and never run."""
+    import fleet.tasks  # noqa: F401 (registers the fleet's tasks)
+    import rollouts.tasks  # noqa: F401 (registers the rollouts' tasks)
+    from console.celery import app
+
+    sent = {
+        f"{module}:{node.lineno}": node.args[0].value
+        for module, path in _product_modules().items()
+        for node in ast.walk(_parse(path))
+        if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] in ("send_now", "send_soon")
+        and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+    }
+    assert "rollouts.tasks.advance_load" in sent.values()
+    assert {where: name for where, name in sent.items() if name not in app.tasks} == {}
+
+
+def test_no_private_name_crosses_a_module():
+    """A name that starts with ``_`` is its module's own: no other product module imports it
+    (``from rollouts.workloads import _range_words``) or reaches it through the module
+    (``routes._set_route``); what another module needs gets a public name that says what it is."""
+    modules = _product_modules()
+    offenders = []
+    for module, path in modules.items():
+        tree = _parse(path)
+        bound: dict[str, str] = {}  # a name in this module -> the product module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in modules:
+                        bound[alias.asname] = alias.name
+                    elif not alias.asname and alias.name.split(".")[0] in modules:
+                        bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_module(node, module, path)
+                for alias in node.names:
+                    if _is_private(alias.name) and base != module and base.split(".")[0] in PRODUCT_APPS:
+                        offenders.append(f"{module}:{node.lineno} imports {base}.{alias.name}")
+                    elif f"{base}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+                continue
+            head, _, rest = _dotted(node.value).partition(".")
+            owner = ".".join(filter(None, [bound.get(head, ""), rest]))
+            if head in bound and owner in modules and owner != module:
+                offenders.append(f"{module}:{node.lineno} uses {owner}.{node.attr}")
+    assert offenders == []
