@@ -336,6 +336,8 @@ CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
 }
 # Benchmark jobs (rollouts/benchmarks/): followed this often while their runner sweeps.
 SWITCHYARD_BENCHMARK_INTERVAL_S = env_float("SWITCHYARD_BENCHMARK_INTERVAL_S", 1.0, minimum=0.2)
+# A worker's claim on a benchmark job (rollouts/leases.py), renewed while its step runs.
+SWITCHYARD_BENCHMARK_LEASE_S = env_float("SWITCHYARD_BENCHMARK_LEASE_S", 15.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE["reconcile-benchmarks"] = {
     "task": "rollouts.tasks.reconcile_benchmarks",
     "schedule": timedelta(seconds=SWITCHYARD_BENCHMARK_INTERVAL_S),
@@ -482,6 +484,11 @@ LOGGING = {
 SWITCHYARD_SECRET_KEY = env_secret("SWITCHYARD_SECRET_KEY")
 # Every call to a cluster's API gives up after this long.
 SWITCHYARD_KUBE_TIMEOUT_S = env_float("SWITCHYARD_KUBE_TIMEOUT_S", 10.0, minimum=1.0)
+# A worker's claim on a server workload (rollouts/leases.py), renewed while its step runs. By
+# default it covers a whole step: at most five API calls (six timeouts) and some slack.
+SWITCHYARD_WORKLOAD_LEASE_S = env_float(
+    "SWITCHYARD_WORKLOAD_LEASE_S", 6 * SWITCHYARD_KUBE_TIMEOUT_S + 10, minimum=1.0
+)
 # The only environment variables a cluster's kube_secret_env may name (comma-separated; empty:
 # none): a cluster sends what it reads to its API server, so no other variable of this process
 # (SECRET_KEY, DATABASE_URL, ...) may be read that way (fleet/secrets.py).

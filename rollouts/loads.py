@@ -11,16 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import threading
 import time
 import traceback
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from console import logs
@@ -32,7 +30,7 @@ from fleet.errors import Conflict, DomainError, QuotaExceeded
 from fleet.models import Cohort, InferenceServer, Membership, Placement
 from fleet.runtimes import artifact_store_for, runtime_for
 from fleet.tenancy import require_role, token_of
-from rollouts import routes
+from rollouts import leases, routes
 from rollouts.models import Deployment, ModelLoad, ModelLoadEvent, ModelVersion
 
 log = logging.getLogger(__name__)
@@ -357,41 +355,23 @@ def _enqueue_on_commit(load_id: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class LostLease(Exception):
-    """Another worker took the load over (our lease ran out): stop quietly."""
+def _due(load: ModelLoad, now: Any) -> bool:
+    """In flight, and not backing off after a transient failure."""
+    return load.state in ModelLoad.IN_FLIGHT and not (load.next_attempt_at and load.next_attempt_at > now)
 
 
 def _claim(load_id: int) -> ModelLoad | None:
-    now = timezone.now()
-    with transaction.atomic():
-        load = (
-            ModelLoad.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("version__model", "server__cluster", "server__node", "deployment", "tenant")
-            .filter(pk=load_id)
-            .first()
-        )
-        if load is None or load.state not in ModelLoad.IN_FLIGHT:
-            return None
-        if load.lease_owner and load.lease_expires_at and load.lease_expires_at > now:
-            return None  # another worker holds it
-        if load.next_attempt_at and load.next_attempt_at > now:
-            return None  # backing off after a transient failure
-        load.taken_over = bool(load.lease_owner)
-        if load.lease_owner:
-            _event(load, f"took over from a worker whose lease ran out ({load.lease_owner[:8]})")
-        load.lease_owner = uuid.uuid4().hex
-        load.lease_expires_at = now + timedelta(seconds=settings.SWITCHYARD_LOAD_LEASE_S)
-        load.save(update_fields=["lease_owner", "lease_expires_at"])
-    return load
+    return leases.claim(
+        ModelLoad.objects.select_related("version__model", "server__cluster", "server__node",
+                                         "deployment", "tenant"),
+        load_id, lease_s=settings.SWITCHYARD_LOAD_LEASE_S, due=_due,
+        on_take_over=lambda load, dead: _event(load, f"took over from a worker whose lease ran out ({dead[:8]})"),
+    )
 
 
 def _update(load: ModelLoad, **fields: Any) -> None:
     """Write fields only while we still hold the lease."""
-    fields.setdefault("updated_at", timezone.now())
-    if not ModelLoad.objects.filter(pk=load.pk, lease_owner=load.lease_owner).update(**fields):
-        raise LostLease
-    for key, value in fields.items():
-        setattr(load, key, value)
+    leases.update(load, **fields)
 
 
 def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
@@ -402,44 +382,12 @@ def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
         _event(load, message, to)
 
 
-def _lease_until() -> Any:
-    return timezone.now() + timedelta(seconds=settings.SWITCHYARD_LOAD_LEASE_S)
-
-
-@contextlib.contextmanager
-def _heartbeat(load: ModelLoad) -> Iterator[None]:
-    """Keep the lease short and alive while a step runs.
-
-    A thread renews the lease every third of ``SWITCHYARD_LOAD_LEASE_S``, so a worker that
-    dies (SIGKILL, a lost machine) leaves a lease that runs out within that many seconds,
-    whatever the step was waiting for. It stops renewing once the step has run for
-    ``SWITCHYARD_LOAD_TIMEOUT_S`` plus a lease (longer than any server call may take: the
-    worker is stuck, so let another one take over), and when the lease was taken over.
-    """
-    every = settings.SWITCHYARD_LOAD_LEASE_S / 3
-    give_up = time.monotonic() + settings.SWITCHYARD_LOAD_TIMEOUT_S + settings.SWITCHYARD_LOAD_LEASE_S
-    stop = threading.Event()
-    pk, owner = load.pk, load.lease_owner
-
-    def renew() -> None:
-        try:
-            while not stop.wait(every) and time.monotonic() < give_up:
-                if not ModelLoad.objects.filter(pk=pk, lease_owner=owner).update(
-                    lease_expires_at=_lease_until()
-                ):
-                    return  # taken over: the step's next write notices
-        except Exception:  # a renewal that fails lets the lease run out: the safe side
-            log.exception("load %s: renewing the lease failed", pk)
-        finally:
-            connection.close()  # this thread's own connection
-
-    thread = threading.Thread(target=renew, name=f"load-{pk}-lease", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+def _heartbeat(load: ModelLoad) -> contextlib.AbstractContextManager[None]:
+    """Keep the lease short and alive while a step runs (:func:`leases.heartbeat`): renewed
+    every third of ``SWITCHYARD_LOAD_LEASE_S``, for at most ``SWITCHYARD_LOAD_TIMEOUT_S``
+    plus a lease (longer than any server call may take: the worker is stuck)."""
+    lease_s = settings.SWITCHYARD_LOAD_LEASE_S
+    return leases.heartbeat(load, lease_s=lease_s, max_s=settings.SWITCHYARD_LOAD_TIMEOUT_S + lease_s)
 
 
 def demand_of(version: ModelVersion, device_class: str, config: dict[str, Any]) -> tuple[int, int]:
@@ -537,7 +485,8 @@ def _fetch(load: ModelLoad, *, move: bool = True) -> Any:
         if now - last[0] >= PROGRESS_EVERY_S or done >= total:
             last[0] = now
             # Progress is proof of life: it renews the lease even past the heartbeat's limit.
-            _update(load, bytes_done=done, bytes_total=total, lease_expires_at=_lease_until())
+            _update(load, bytes_done=done, bytes_total=total,
+                    lease_expires_at=leases.until(settings.SWITCHYARD_LOAD_LEASE_S))
 
     store = artifact_store_for(load.server.cluster)
     return store.fetch(version.artifact_uri, sha256=version.sha256, size=version.size_bytes, progress=progress)
@@ -770,7 +719,7 @@ def _advance(load: ModelLoad) -> str | None:
         try:
             with _heartbeat(load):
                 STEPS[load.state](load)
-        except (LostLease, DatabaseError):
+        except (leases.LostLease, DatabaseError):
             raise
         except QuotaExceeded as exc:
             _fail(load, exc.message)
@@ -785,13 +734,11 @@ def _advance(load: ModelLoad) -> str | None:
                 "cannot help. Platform admins find the details on this load's page",
                 error_trace=traceback.format_exc(),
             )
-    except LostLease:
+    except leases.LostLease:
         log.info("load %s: another worker took over", load_id)
         return None
     finally:
-        ModelLoad.objects.filter(pk=load.pk, lease_owner=load.lease_owner).update(
-            lease_owner="", lease_expires_at=None
-        )
+        leases.release(load)
     return load.state
 
 

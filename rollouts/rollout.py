@@ -38,6 +38,7 @@ tick tries again. The candidate's loads are then unloaded (the quota comes back)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -46,7 +47,6 @@ import math
 import re
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -65,7 +65,7 @@ from fleet.errors import Conflict, DomainError
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy import require_role, token_of
 from fleet.tokens import person_id
-from rollouts import analysis, loads, registry, routes, samples
+from rollouts import analysis, leases, loads, registry, routes, samples
 from rollouts.models import (
     Deployment,
     ModelLoad,
@@ -626,41 +626,23 @@ def retry(actor: Any, rollout: Rollout, reason: str = "") -> Rollout:
 # --------------------------------------------------------------------------------------------
 
 
-class LostLease(Exception):
-    """Another worker took the rollout over (our lease ran out): stop quietly."""
-
-
 def _claim(rollout_id: int, force: bool) -> Rollout | None:
-    now = timezone.now()
-    with transaction.atomic():
-        rollout = (
-            Rollout.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("deployment__model", "deployment__cluster", "baseline", "candidate",
-                            "tenant")
-            .filter(pk=rollout_id).first()
-        )
-        if rollout is None or rollout.state not in Rollout.ACTIVE:
-            return None
-        if rollout.lease_owner and rollout.lease_expires_at and rollout.lease_expires_at > now:
-            return None
-        if not force and rollout.next_tick_at and rollout.next_tick_at > now:
-            return None
-        if rollout.lease_owner:
-            _event(rollout, Kind.ERROR, "took over from a worker whose lease ran out "
-                   f"({rollout.lease_owner[:8]})")
-        rollout.lease_owner = uuid.uuid4().hex
-        rollout.lease_expires_at = now + timedelta(seconds=settings.SWITCHYARD_ROLLOUT_LEASE_S)
-        rollout.save(update_fields=["lease_owner", "lease_expires_at"])
-    return rollout
+    def due(rollout: Rollout, now: Any) -> bool:
+        return rollout.state in Rollout.ACTIVE and (
+            force or not (rollout.next_tick_at and rollout.next_tick_at > now))
+
+    return leases.claim(
+        Rollout.objects.select_related("deployment__model", "deployment__cluster", "baseline",
+                                       "candidate", "tenant"),
+        rollout_id, lease_s=settings.SWITCHYARD_ROLLOUT_LEASE_S, due=due,
+        on_take_over=lambda rollout, dead: _event(
+            rollout, Kind.ERROR, f"took over from a worker whose lease ran out ({dead[:8]})"),
+    )
 
 
 def _update(rollout: Rollout, **fields: Any) -> None:
     """Write fields only while we still hold the lease."""
-    fields.setdefault("updated_at", timezone.now())
-    if not Rollout.objects.filter(pk=rollout.pk, lease_owner=rollout.lease_owner).update(**fields):
-        raise LostLease
-    for key, value in fields.items():
-        setattr(rollout, key, value)
+    leases.update(rollout, **fields)
 
 
 def _event(rollout: Rollout, kind: str, message: str, *, state: str | None = None,
@@ -1346,14 +1328,24 @@ def advance(rollout_id: int, *, force: bool = False) -> tuple[str | None, bool]:
         return _advance(rollout)
 
 
+def _heartbeat(rollout: Rollout) -> contextlib.AbstractContextManager[None]:
+    """Keep the lease alive while a step runs (:func:`leases.heartbeat`): renewed every third
+    of ``SWITCHYARD_ROLLOUT_LEASE_S``, for at most ``SWITCHYARD_ROUTE_APPLY_LEASE_S`` (the
+    longest a route change may hold its route) plus a lease."""
+    lease_s = settings.SWITCHYARD_ROLLOUT_LEASE_S
+    return leases.heartbeat(rollout, lease_s=lease_s,
+                            max_s=settings.SWITCHYARD_ROUTE_APPLY_LEASE_S + lease_s)
+
+
 def _advance(rollout: Rollout) -> tuple[str | None, bool]:
     rollout_id = rollout.pk
     again = False
     try:
         try:
-            if not _carry_out(rollout):
-                again = STEPS[rollout.state](rollout)
-        except (LostLease, DatabaseError):
+            with _heartbeat(rollout):
+                if not _carry_out(rollout):
+                    again = STEPS[rollout.state](rollout)
+        except (leases.LostLease, DatabaseError):
             raise
         except Exception as exc:
             log.exception("rollout %s: unexpected error in %s", rollout_id, rollout.state)
@@ -1362,12 +1354,12 @@ def _advance(rollout: Rollout) -> tuple[str | None, bool]:
             _back_to_baseline(rollout, f"Switchyard failed unexpectedly while "
                               f"{rollout.get_state_display().lower()} ({type(exc).__name__}: "
                               f"{exc})", State.FAILED)
-    except LostLease:
+    except leases.LostLease:
         log.info("rollout %s: another worker took over", rollout_id)
         return None, False
     finally:
-        Rollout.objects.filter(pk=rollout.pk, lease_owner=rollout.lease_owner).update(
-            lease_owner="", lease_expires_at=None,
+        leases.release(
+            rollout,
             # The next step at once when it may follow (the task sends it); else half an
             # interval, so the next beat tick finds it due, whatever its jitter.
             next_tick_at=timezone.now() if again else timezone.now() + timedelta(

@@ -17,11 +17,11 @@ recommendation follow it. Those reads never change the state.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from fleet.adapters.kubernetes import KubeAccess, KubeError
 from fleet.errors import DomainError
 from fleet.kube_connection import access_for
 from fleet.models import Placement
+from rollouts import leases
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.workload_specs import autoscaler_manifest, demand, held_text, server_spec
 from rollouts.workloads import range_words
@@ -48,14 +49,14 @@ POLL_S = 3  # how soon a progressing workload's Deployment is read again
 MAX_BACKOFF_S = 30
 MAX_ROLLBACK_ATTEMPTS = 20  # a roll-back that cannot be applied this many times in a row
 
-class LostLease(Exception):
-    """Another worker took the row over, or a request moved it on (a deletion): stop."""
-
-
-def _lease_s() -> float:
-    # A step makes at most five API calls, each bounded by the client's timeout (an
-    # autoscaled creation that fails: three applies, then what was applied is deleted).
-    return 6 * settings.SWITCHYARD_KUBE_TIMEOUT_S + 10
+def _heartbeat(workload: ServerWorkload) -> contextlib.AbstractContextManager[None]:
+    """Keep the lease alive while a step runs (:func:`leases.heartbeat`): renewed every third
+    of ``SWITCHYARD_WORKLOAD_LEASE_S``, for at most a step's API calls plus a lease. A step
+    makes at most five API calls, each bounded by the client's timeout (an autoscaled
+    creation that fails: three applies, then what was applied is deleted)."""
+    lease_s = settings.SWITCHYARD_WORKLOAD_LEASE_S
+    return leases.heartbeat(workload, lease_s=lease_s,
+                            max_s=6 * settings.SWITCHYARD_KUBE_TIMEOUT_S + lease_s)
 
 
 def _watched_while_ready(workload: ServerWorkload) -> bool:
@@ -76,39 +77,27 @@ def _counts(workload: ServerWorkload, judged: kw.Readiness) -> dict[str, Any]:
     return fields
 
 
+def _due(workload: ServerWorkload, now: Any) -> bool:
+    """In flight (or ready and watched), and not backing off or waiting to look again."""
+    return (workload.state in ServerWorkload.IN_FLIGHT or _watched_while_ready(workload)) and not (
+        workload.next_attempt_at and workload.next_attempt_at > now)
+
+
 def _claim(workload_id: int) -> ServerWorkload | None:
-    now = timezone.now()
-    with transaction.atomic():
-        workload = (
-            ServerWorkload.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("version__model", "previous_version", "cluster", "deployment",
-                            "tenant", "placement", "server")
-            .filter(pk=workload_id).first()
-        )
-        if workload is None or not (
-            workload.state in ServerWorkload.IN_FLIGHT or _watched_while_ready(workload)
-        ):
-            return None
-        if workload.lease_owner and workload.lease_expires_at and workload.lease_expires_at > now:
-            return None  # another worker holds it
-        if workload.next_attempt_at and workload.next_attempt_at > now:
-            return None  # backing off, or not yet time to look again
-        workload.lease_owner = uuid.uuid4().hex
-        workload.lease_expires_at = now + timedelta(seconds=_lease_s())
-        workload.save(update_fields=["lease_owner", "lease_expires_at"])
-    workload.claimed_state = workload.state
+    workload = leases.claim(
+        ServerWorkload.objects.select_related("version__model", "previous_version", "cluster",
+                                              "deployment", "tenant", "placement", "server"),
+        workload_id, lease_s=settings.SWITCHYARD_WORKLOAD_LEASE_S, due=_due,
+    )
+    if workload is not None:
+        workload.claimed_state = workload.state
     return workload
 
 
 def _update(workload: ServerWorkload, **fields: Any) -> None:
-    """Write fields while we hold the lease and the state is the one we act on."""
-    fields.setdefault("updated_at", timezone.now())
-    if not ServerWorkload.objects.filter(
-        pk=workload.pk, lease_owner=workload.lease_owner, state=workload.claimed_state
-    ).update(**fields):
-        raise LostLease
-    for key, value in fields.items():
-        setattr(workload, key, value)
+    """Write fields while we hold the lease and the state is the one we act on: a request
+    that moved the row on (a deletion) stops the step as a lost lease does."""
+    leases.update(workload, {"state": workload.claimed_state}, **fields)
     workload.claimed_state = workload.state
 
 
@@ -452,8 +441,9 @@ def advance(workload_id: int) -> str | None:
         return None
     try:
         try:
-            STEPS[workload.state](workload)
-        except (LostLease, DatabaseError):
+            with _heartbeat(workload):
+                STEPS[workload.state](workload)
+        except (leases.LostLease, DatabaseError):
             raise
         except KubeError as exc:
             if exc.permanent:
@@ -465,13 +455,11 @@ def advance(workload_id: int) -> str | None:
         except Exception as exc:
             log.exception("workload %s: unexpected error in %s", workload_id, workload.state)
             _give_up(workload, f"Switchyard failed unexpectedly ({type(exc).__name__}: {exc})")
-    except LostLease:
+    except leases.LostLease:
         log.info("workload %s: moved on elsewhere", workload_id)
         return None
     finally:
-        ServerWorkload.objects.filter(pk=workload.pk, lease_owner=workload.lease_owner).update(
-            lease_owner="", lease_expires_at=None
-        )
+        leases.release(workload)
     return workload.state
 
 

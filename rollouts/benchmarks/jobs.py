@@ -24,7 +24,6 @@ import subprocess
 import sys
 import traceback
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy import require_role, token_of
-from rollouts import loads
+from rollouts import leases, loads
 from rollouts.benchmarks import sweep
 from rollouts.benchmarks.results import summarize_job
 from rollouts.benchmarks.specs import (
@@ -249,32 +248,26 @@ def cancel(actor: Any, job: BenchmarkJob) -> BenchmarkJob:
 # --------------------------------------------------------------------------------------------
 
 
-class LostLease(Exception):
-    """Another worker holds the job now."""
-
-
 def _claim(job_id: int) -> BenchmarkJob | None:
-    now = timezone.now()
-    with transaction.atomic():
-        job = (BenchmarkJob.objects.select_for_update(skip_locked=True, of=("self",))
-               .select_related("version__model", "server__cluster", "deployment", "tenant")
-               .filter(pk=job_id).first())
-        if job is None or job.state not in BenchmarkJob.ACTIVE:
-            return None
-        if job.lease_owner and job.lease_expires_at and job.lease_expires_at > now:
-            return None
-        job.lease_owner = uuid.uuid4().hex
-        job.lease_expires_at = now + timedelta(seconds=settings.SWITCHYARD_ROLLOUT_LEASE_S)
-        job.save(update_fields=["lease_owner", "lease_expires_at"])
-    return job
+    return leases.claim(
+        BenchmarkJob.objects.select_related("version__model", "server__cluster", "deployment",
+                                            "tenant"),
+        job_id, lease_s=settings.SWITCHYARD_BENCHMARK_LEASE_S,
+        due=lambda job, now: job.state in BenchmarkJob.ACTIVE,
+    )
 
 
 def _update(job: BenchmarkJob, **fields: Any) -> None:
-    fields.setdefault("updated_at", timezone.now())
-    if not BenchmarkJob.objects.filter(pk=job.pk, lease_owner=job.lease_owner).update(**fields):
-        raise LostLease
-    for key, value in fields.items():
-        setattr(job, key, value)
+    leases.update(job, **fields)
+
+
+def _heartbeat(job: BenchmarkJob) -> contextlib.AbstractContextManager[None]:
+    """Keep the lease alive while a step runs (:func:`leases.heartbeat`): renewed every third
+    of ``SWITCHYARD_BENCHMARK_LEASE_S``, for at most ``SWITCHYARD_LOAD_TIMEOUT_S`` (the
+    longest call to a server) plus a lease."""
+    lease_s = settings.SWITCHYARD_BENCHMARK_LEASE_S
+    return leases.heartbeat(job, lease_s=lease_s,
+                            max_s=settings.SWITCHYARD_LOAD_TIMEOUT_S + lease_s)
 
 
 def _finish(job: BenchmarkJob, state: str, phase: str, **fields: Any) -> None:
@@ -598,11 +591,12 @@ def advance(job_id: int) -> tuple[str | None, bool]:
     again = False
     try:
         try:
-            if job.cancel_requested_by and job.state != State.UNLOADING:
-                again = _cancelling(job)
-            else:
-                again = STEPS[job.state](job)
-        except (LostLease, DatabaseError):
+            with _heartbeat(job):
+                if job.cancel_requested_by and job.state != State.UNLOADING:
+                    again = _cancelling(job)
+                else:
+                    again = STEPS[job.state](job)
+        except (leases.LostLease, DatabaseError):
             raise
         except Exception as exc:
             log.exception("benchmark %s: unexpected error in %s", job_id, job.state)
@@ -612,11 +606,10 @@ def advance(job_id: int) -> tuple[str | None, bool]:
             _finish(job, State.FAILED, why, error=why)
             if job.loaded_by_job and job.load_id:
                 _release(job)
-    except LostLease:
+    except leases.LostLease:
         return None, False
     finally:
-        BenchmarkJob.objects.filter(pk=job.pk, lease_owner=job.lease_owner).update(
-            lease_owner="", lease_expires_at=None)
+        leases.release(job)
     return job.state, again and job.state in BenchmarkJob.ACTIVE
 
 

@@ -10,7 +10,7 @@ from tests.rollouts.triton_world import make_world
 
 @pytest.fixture
 def world(settings, tmp_path, moto_s3, make_s3_store, local_triton, redis_prefix):
-    settings.SWITCHYARD_ROLLOUT_LEASE_S = 5
+    settings.SWITCHYARD_BENCHMARK_LEASE_S = 5
     settings.DATA_DIR = tmp_path / "data"
     for w in make_world(settings, tmp_path, moto_s3, make_s3_store, local_triton):
         w.server.metrics_url = local_triton.metrics_url

@@ -73,7 +73,7 @@ GENEROUS_SLO = {"p99_ms": 600_000, "error_rate": 0.0, "ttft_p99_ms": 600_000, "i
 def vworld(settings, tmp_path, local_vllm, redis_prefix):
     """A deployer, a local cluster whose server is the session's vLLM (metrics known), and a
     base-model version of smollm2 with a READY load there."""
-    settings.SWITCHYARD_ROLLOUT_LEASE_S = 5
+    settings.SWITCHYARD_BENCHMARK_LEASE_S = 5
     settings.DATA_DIR = tmp_path / "data"
     cluster = Cluster.objects.create(name=f"local-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.LOCAL)
     node = Node.objects.create(cluster=cluster, name="localhost", memory_mib=24 * 1024)

@@ -38,7 +38,7 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
     without a reload; once it ends the page shows it succeeded, the curve with both configs,
     a table for each, the configs compared with the best marked, stops polling, and offers to
     register the best config as v2, which he does."""
-    settings.SWITCHYARD_ROLLOUT_LEASE_S = 5
+    settings.SWITCHYARD_BENCHMARK_LEASE_S = 5
     settings.DATA_DIR = tmp_path / "data"
     # The job is advanced here, tick by tick: what would go to the broker is kept.
     sent: list[int] = []

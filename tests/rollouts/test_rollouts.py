@@ -23,8 +23,8 @@ from django.core.exceptions import PermissionDenied
 
 from fleet.models import InferenceServer, Membership
 from fleet.runtime.triton_local import TritonProcess, start_triton
+from rollouts import leases, samples
 from rollouts import rollout as rollouts
-from rollouts import samples
 from rollouts.models import (
     Alias,
     ModelLoad,
@@ -676,7 +676,7 @@ def test_a_worker_that_died_holding_the_lease_is_taken_over_and_no_step_runs_twi
     assert (took.step_index, took.weights) == (1, {"1": 80, "2": 20})
     assert any(m.startswith("took over from a worker whose lease ran out "
                             f"({dead.lease_owner[:8]})") for m in messages(took, "error"))
-    with pytest.raises(rollouts.LostLease):
+    with pytest.raises(leases.LostLease):
         rollouts._update(dead, step_index=7)  # the dead worker's late write changes nothing
     ended = rollouts.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
