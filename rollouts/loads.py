@@ -220,8 +220,7 @@ def _replay(deployment: Deployment, key: str, fingerprint: str) -> list[ModelLoa
     earlier = list(ModelLoad.objects.filter(tenant=deployment.tenant, idempotency_key=key))
     if not earlier:
         return None
-    if earlier[0].request_fingerprint != fingerprint:
-        raise Conflict("this Idempotency-Key was used for a different request", field="idempotency_key")
+    leases.check_replay(earlier[0].request_fingerprint, fingerprint)
     return earlier
 
 

@@ -432,9 +432,7 @@ def _replay(deployment: Deployment, key: str, fingerprint: str) -> Rollout | Non
     earlier = Rollout.objects.filter(tenant=deployment.tenant, idempotency_key=key).first()
     if earlier is None:
         return None
-    if earlier.request_fingerprint != fingerprint:
-        raise Conflict("this Idempotency-Key was used for a different request",
-                       field="idempotency_key")
+    leases.check_replay(earlier.request_fingerprint, fingerprint)
     return earlier
 
 

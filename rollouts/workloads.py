@@ -61,7 +61,7 @@ from fleet.audit import actor_label
 from fleet.errors import Conflict, DomainError, QuotaExceeded
 from fleet.models import AuditEvent, InferenceServer, Membership, Placement
 from fleet.tenancy import require_role, token_of
-from rollouts import routes
+from rollouts import leases, routes
 from rollouts.loads import check_loadable
 from rollouts.models import Deployment, ModelVersion, Route, ServerWorkload
 from rollouts.workload_specs import (
@@ -256,9 +256,7 @@ def _replay(deployment: Deployment, key: str, fingerprint: str) -> ServerWorkloa
              .order_by("-id").first())
     if event is None:
         return None
-    if event.after.get("fingerprint") != fingerprint:
-        raise Conflict("this Idempotency-Key was used for a different request",
-                       field="idempotency_key")
+    leases.check_replay(event.after.get("fingerprint"), fingerprint)
     return ServerWorkload.objects.select_related("deployment", "version").get(
         pk=int(event.object_id))
 

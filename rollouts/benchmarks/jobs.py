@@ -175,9 +175,7 @@ def create_job(
                 earlier = BenchmarkJob.objects.filter(
                     tenant=deployment.tenant, idempotency_key=idempotency_key).first()
                 if earlier is not None:
-                    if earlier.request_fingerprint != fingerprint:
-                        raise Conflict("this Idempotency-Key was used for a different request",
-                                       field="idempotency_key")
+                    leases.check_replay(earlier.request_fingerprint, fingerprint)
                     return earlier, False
             _refuse_busy(target)
             job = BenchmarkJob.objects.create(
