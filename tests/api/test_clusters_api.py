@@ -12,6 +12,7 @@ from django.utils import timezone
 from fleet import kube_connection, secrets
 from fleet.models import GPU, AuditEvent, Cluster, ClusterSync, Node
 from tests.factories import ClusterFactory, GPUFactory, NodeFactory
+from tests.fixtures import sent_tasks
 from tests.kube.replay import RecordedApiServer
 from tests.kube.test_connection import TOKEN, VERSION, connected, refused_token
 
@@ -45,16 +46,9 @@ def kube_cluster(**fields) -> Cluster:
 @pytest.fixture
 def queued(monkeypatch):
     """What ``POST .../sync/`` hands to the broker (``fleet.tasks.sync_kube_cluster``)."""
-    import fleet.tasks
-
     sent: list[tuple[int, bool]] = []
-
-    class Task:
-        @staticmethod
-        def delay(cluster_id: int, full: bool = False) -> None:
-            sent.append((cluster_id, full))
-
-    monkeypatch.setattr(fleet.tasks, "sync_kube_cluster", Task, raising=False)
+    sent_tasks.catch(monkeypatch, "fleet.tasks.sync_kube_cluster",
+                     lambda cluster_id, full=False: sent.append((cluster_id, full)))
     return sent
 
 

@@ -22,6 +22,7 @@ from tests.factories import (
     NodeFactory,
     UserFactory,
 )
+from tests.fixtures import sent_tasks
 from tests.kube.replay import RecordedApiServer, exchanges
 from tests.kube.test_connection import TOKEN, VERSION, connected, refused_token
 
@@ -118,16 +119,9 @@ def cluster(tenant_a, tenant_b) -> Cluster:
 
 @pytest.fixture
 def queued(monkeypatch):
-    import fleet.tasks
-
     sent: list[tuple[int, bool]] = []
-
-    class Task:
-        @staticmethod
-        def delay(cluster_id: int, full: bool = False) -> None:
-            sent.append((cluster_id, full))
-
-    monkeypatch.setattr(fleet.tasks, "sync_kube_cluster", Task, raising=False)
+    sent_tasks.catch(monkeypatch, "fleet.tasks.sync_kube_cluster",
+                     lambda cluster_id, full=False: sent.append((cluster_id, full)))
     return sent
 
 
