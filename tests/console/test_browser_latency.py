@@ -27,28 +27,36 @@ from tests.factories import (
     InferenceServerFactory,
     MembershipFactory,
     ModelFactory,
+    TenantFactory,
     UserFactory,
 )
+from tests.fixtures.triton import serve_demo_models_as
 from tests.rollups import requests_rolled_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton]
 INFER = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]}
 
 
+# The demo's fraud-scorer as a tenant's model is named on the shared Triton.
+SERVED = "latency-browser.fraud-scorer"
+
+
 def success_count(triton, version: str) -> float:
     text = httpx.get(triton.metrics_url, timeout=5).text
-    return metrics.parse("triton", text)[("fraud-scorer", version)].success
+    return metrics.parse("triton", text)[(SERVED, version)].success
 
 
 def send(triton, version: int, count: int) -> None:
     with httpx.Client(base_url=triton.http_url, timeout=10) as client:
         for _ in range(count):
-            assert client.post(f"/v2/models/fraud-scorer/versions/{version}/infer", json=INFER).status_code == 200
+            assert client.post(f"/v2/models/{SERVED}/versions/{version}/infer", json=INFER).status_code == 200
 
 
 def test_the_deployment_page_follows_real_traffic(open_page, live_server, local_triton, transactional_db):
     alice = UserFactory(username="alice")
-    tenant = MembershipFactory(user=alice, role=Membership.Role.ADMIN).tenant
+    tenant = MembershipFactory(user=alice, role=Membership.Role.ADMIN,
+                               tenant=TenantFactory(slug="latency-browser")).tenant
+    serve_demo_models_as(local_triton, tenant.slug)
     cluster = ClusterFactory(name="latency-browser")
     server = InferenceServerFactory(cluster=cluster, name="triton", runtime=InferenceServer.Runtime.TRITON,
                                     http_url=local_triton.http_url, metrics_url=local_triton.metrics_url)

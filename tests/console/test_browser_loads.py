@@ -95,7 +95,7 @@ def test_a_deployer_loads_and_unloads_a_version_from_the_console(
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "load-ready.png"), full_page=True)
     index = httpx.post(f"{local_triton.http_url}/v2/repository/index", timeout=5).json()
-    assert {"name": model.name, "version": "1", "state": "READY"} in index
+    assert {"name": model.name_on(server), "version": "1", "state": "READY"} in index
 
     page.on("dialog", lambda dialog: dialog.accept())
     page.click("form:has-text('v1 on triton') button:has-text('Unload')")

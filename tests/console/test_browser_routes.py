@@ -26,6 +26,7 @@ from tests.factories import (
     ModelFactory,
     ModelVersionFactory,
 )
+from tests.fixtures.triton import serve_demo_models_as
 
 pytestmark = pytest.mark.browser
 
@@ -101,6 +102,8 @@ def test_a_deployer_splits_real_traffic_and_watches_each_variant_live(
                                  prefix=redis_prefix)
     settings.SWITCHYARD_COLLECTOR_PORT = collector.port
     tenant = dave.memberships.get().tenant
+    # The demo's fraud-scorer on the session's Triton under the name the tenant's model has there.
+    serve_demo_models_as(local_triton, tenant.slug)
     cluster = ClusterFactory(name="local", kind=Cluster.Kind.LOCAL)
     server = InferenceServerFactory(cluster=cluster, name="triton", http_url=local_triton.http_url)
     model = ModelFactory(tenant=tenant, name="fraud-scorer")
