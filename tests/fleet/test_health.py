@@ -19,15 +19,18 @@ from fleet import health
 from fleet.adapters.base import ServerProbe
 from fleet.models import InferenceServer
 from fleet.runtime.triton_local import TritonProcess
+from fleet.tenancy import tenant_of_served_name
 from tests.factories import ClusterFactory, InferenceServerFactory, ModelFactory
 from tests.fixtures.http_server import QuietHTTPServer
 
 Health = InferenceServer.Health
 # Tests whose probes run against real servers commit their rows, like the beat task does.
 CHECK_ALL_DB = pytest.mark.django_db(transaction=True)
-def others_than(name: str, server: InferenceServer) -> set[str]:
-    """The names in the server's index other than ``name``."""
-    return {m["name"] for m in server.reported_models} - {name}
+def others_than(name: str, server: InferenceServer, own_slug: str) -> set[str]:
+    """The names in the server's index other than ``name`` and the ones qualified by the
+    tenant ``own_slug`` (its models as other tests of the session left them there)."""
+    return {m["name"] for m in server.reported_models
+            if m["name"] != name and tenant_of_served_name(m["name"]) != own_slug}
 
 
 EXPECTED_MODELS = {("fraud-scorer", "1", "READY"), ("fraud-scorer", "2", "READY"),
@@ -408,10 +411,13 @@ def test_api_check_action_probes_now_and_returns_health(
     assert body["health"] == Health.HEALTHY
     assert body["server_version"] == "2.51.0"
     mine = {m for m in EXPECTED_MODELS if m[0] == "fraud-scorer"}
-    assert {(m["name"], m["version"], m["state"]) for m in body["reported_models"]} == mine
+    slug = bob.memberships.get().tenant.slug
+    assert {(m["name"], m["version"], m["state"]) for m in body["reported_models"]
+            if "." not in m["name"]} == mine
+    assert all(tenant_of_served_name(m["name"]) in (None, slug) for m in body["reported_models"])
     live_server_row.refresh_from_db()
     # sentiment, and whatever other tests' tenants left on the session's Triton
-    assert body["other_models"] == len(others_than("fraud-scorer", live_server_row)) >= 1
+    assert body["other_models"] == len(others_than("fraud-scorer", live_server_row, slug)) >= 1
     assert live_server_row.health == Health.HEALTHY
     assert body["last_checked_at"] is not None
 
@@ -453,7 +459,8 @@ def test_console_live_table_shows_the_healthy_triton(
     assert "fraud-scorer v2" in html  # her tenant's model, named
     assert "sentiment" not in html  # another's, counted
     live_server_row.refresh_from_db()
-    assert f'data-other-models="{len(others_than("fraud-scorer", live_server_row))}"' in html
+    slug = alice.memberships.get().tenant.slug
+    assert f'data-other-models="{len(others_than("fraud-scorer", live_server_row, slug))}"' in html
     assert "2.51.0" in html
 
 
