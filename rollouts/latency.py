@@ -148,7 +148,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
 def tick(timeout: float | None = None) -> dict[str, int]:
     """One scrape of every server that carries a deployment. Returns counts for logging."""
     timeout = timeout or settings.SWITCHYARD_SCRAPE_TIMEOUT_S
-    deployments = list(Deployment.objects.prefetch_related("servers__cluster").select_related("model"))
+    deployments = list(Deployment.objects.prefetch_related("servers__cluster").select_related("model__tenant"))
     servers = {s.pk: s for d in deployments for s in d.servers.all()}
     if not servers:
         return {"servers": 0, "points": 0}
