@@ -9,7 +9,7 @@ Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an err
 * realistic rows, written with ``bulk_create``: 3 tenants, 100 models with 1,000 versions,
   100 deployments on 16 servers, 2,000 loads with their events, quotas and placements, and
   100,000 audit events over six months; then ``VACUUM ANALYZE``, as autovacuum would have;
-* a deployer API token of the biggest tenant (``fleet.tokens.issue``), as a CI pipeline uses;
+* a deployer API token of the biggest tenant (``fleet.tenancy.tokens.issue``), as a CI pipeline uses;
 * the web server exactly as the image runs it: the Dockerfile's ``CMD`` (gunicorn
   ``console.wsgi``) and its ``WEB_CONCURRENCY``, with docker-compose's environment
   (production mode, ``SWITCHYARD_DB_CONN_MAX_AGE=60``, JSON logs, Redis at ``REDIS_URL`` or
@@ -231,7 +231,6 @@ def seed(models_n: int, versions_n: int, deployments_n: int, loads_n: int, audit
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from fleet import tokens
     from fleet.models import (
         AuditEvent,
         Cluster,
@@ -241,6 +240,7 @@ def seed(models_n: int, versions_n: int, deployments_n: int, loads_n: int, audit
         Quota,
         Tenant,
     )
+    from fleet.tenancy import tokens
     from rollouts.models import (
         Alias,
         Deployment,

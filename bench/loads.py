@@ -117,7 +117,7 @@ def setup_django() -> None:
 
 def demo_files(name: str, version: int) -> dict[str, str]:
     """The demo fraud scorer renamed ``name``: {relative path: text}."""
-    from fleet.runtime.triton_local import DEMO_MODELS_DIR
+    from local.triton import DEMO_MODELS_DIR
 
     base = DEMO_MODELS_DIR / "fraud-scorer"
     config = (base / "config.pbtxt").read_text().replace('name: "fraud-scorer"', f'name: "{name}"')
@@ -224,7 +224,7 @@ SPANS = Spans()
 
 def drive(load_id: int, until: str) -> None:
     """Advance the load in a tight loop until it reaches ``until`` (bounded)."""
-    from rollouts import loads
+    from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad
 
     deadline = time.monotonic() + STEP_TIMEOUT_S
@@ -336,7 +336,7 @@ class World:
 
 
 def switchyard_load(world: World, deployment: Any, version: Any) -> tuple[float, int]:
-    from rollouts import loads
+    from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad
 
     gc.collect()  # every measurement starts without garbage left by the last
@@ -350,7 +350,7 @@ def switchyard_load(world: World, deployment: Any, version: Any) -> tuple[float,
 
 
 def switchyard_unload(world: World, deployment: Any, version: Any) -> float:
-    from rollouts import loads
+    from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad
 
     time.sleep(random.uniform(0, UNLOAD_JITTER_S))
@@ -397,13 +397,13 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
 
     from fleet.adapters.s3 import S3ArtifactStore
     from fleet.adapters.triton_runtime import TritonServerRuntime
-    from fleet.runtime.s3_local import (
+    from local.s3 import (
         DEMO_ACCESS_KEY_ID,
         DEMO_REGION,
         DEMO_SECRET_ACCESS_KEY,
         start_moto,
     )
-    from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton
+    from local.triton import ensure_runtime, server_version, start_triton
 
     say("starting moto S3 and tritonserver (empty repository, explicit mode)…")
     runtime = ensure_runtime(data_dir, progress=say)
@@ -437,7 +437,7 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
 
     from django.db import connections
 
-    from rollouts import loads
+    from rollouts.loads import requests as loads
 
     spans = SPANS
     connection = connections["default"]

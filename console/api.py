@@ -17,7 +17,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.http import HttpRequest
 
-from fleet.tenancy import is_platform_admin
+from fleet.tenancy.scoping import is_platform_admin
 
 
 def switchyard(request: HttpRequest) -> dict[str, object]:

@@ -7,7 +7,7 @@
   duration, and for the periodic reconcilers (:data:`RECONCILE_KINDS`) the tick's duration
   by kind.
 
-The counts go to Redis through fleet.telemetry, which never fails the request or task it
+The counts go to Redis through console.telemetry, which never fails the request or task it
 measures. Kept free of models so the Celery app can import it before Django is set up.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from fleet import telemetry
-from fleet.telemetry import HTTP_DURATION, HTTP_REQUESTS, TASK_DURATION, TASKS, TICK_DURATION
+from console import telemetry
+from console.telemetry import HTTP_DURATION, HTTP_REQUESTS, TASK_DURATION, TASKS, TICK_DURATION
 
 #: The periodic tasks whose run is one reconcile tick, and the kind each is shown as.
 RECONCILE_KINDS: dict[str, str] = {

@@ -3,7 +3,7 @@
 One registry built per request from :data:`COLLECTORS` (each a ``prometheus_client``
 collector class): the per-deployment autoscaling signal (:class:`DeploymentCollector`), what
 Switchyard's own processes counted (:class:`TelemetryCollector`: requests by view, Celery
-tasks, reconcile ticks, failed scrapes; fleet.telemetry), the broker's queue lengths
+tasks, reconcile ticks, failed scrapes; console.telemetry), the broker's queue lengths
 (:class:`QueueCollector`), and the state of its rows (:class:`StateCollector`: loads,
 rollouts, benchmarks by state, quota use per tenant and device class). Nothing is scraped
 from the servers while answering: the figures are what Switchyard already keeps in Redis
@@ -16,7 +16,7 @@ The series carry every tenant's label values (tenant slugs, deployment names), s
   with another one), from any address unless ``SWITCHYARD_METRICS_ALLOW_NETS``
   (comma-separated CIDRs) narrows where from (403 elsewhere; with
   ``SWITCHYARD_TRUST_PROXY_HEADERS`` the address is the one the proxy saw,
-  ``fleet.lockouts.client_ip``);
+  ``fleet.tenancy.lockouts.client_ip``);
 * a platform admin's console session may read it too, to look (same networks rule);
 * with no token set, no scraper can read it: 403 saying to set one. Loopback is not
   trusted: on a shared host (or behind a proxy on it) every local process, a tenant's
@@ -41,12 +41,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from fleet import quota, telemetry
-from fleet.lockouts import client_ip
+from console import telemetry
 from fleet.models import Quota
-from fleet.tenancy import is_platform_admin
-from rollouts import autoscaling
+from fleet.quota import admission as quota
+from fleet.tenancy.lockouts import client_ip
+from fleet.tenancy.scoping import is_platform_admin
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout
+from rollouts.workloads import autoscaling
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def _strip_total(name: str) -> str:
 
 
 class TelemetryCollector(Collector):
-    """The counters and histograms of fleet.telemetry; when Redis cannot be read they are
+    """The counters and histograms of console.telemetry; when Redis cannot be read they are
     absent (never zeros, which would read as a counter reset) and the up gauge says 0."""
 
     def describe(self) -> Iterable[Metric]:

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "console",
     "fleet",
     "rollouts",
+    "local",
 ]
 
 MIDDLEWARE = [
@@ -83,7 +84,7 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "console.htmx.HtmxLoginMiddleware",
     "csp.middleware.CSPMiddleware",
-    # Last: turns a locked-out login into the login page saying why (fleet.lockouts).
+    # Last: turns a locked-out login into the login page saying why (fleet.tenancy.lockouts).
     "axes.middleware.AxesMiddleware",
 ]
 
@@ -135,7 +136,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-# Brute-force protection (fleet/lockouts.py): django-axes refuses logins, on the console and in
+# Brute-force protection (fleet/tenancy/lockouts.py): django-axes refuses logins, on the console and in
 # the admin, for a cool-off once an account or an address failed this many times; API tokens
 # from an address that sent this many malformed or unknown ones are answered 429 as long.
 AUTHENTICATION_BACKENDS = [
@@ -148,8 +149,8 @@ SWITCHYARD_TOKEN_FAILURE_LIMIT = env_int("SWITCHYARD_TOKEN_FAILURE_LIMIT", 20, m
 AXES_FAILURE_LIMIT = SWITCHYARD_LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(seconds=SWITCHYARD_LOGIN_COOLOFF_S)
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # per account, and per address
-AXES_LOCKOUT_CALLABLE = "fleet.lockouts.lockout_response"
-AXES_CLIENT_IP_CALLABLE = "fleet.lockouts.client_ip"
+AXES_LOCKOUT_CALLABLE = "fleet.tenancy.lockouts.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "fleet.tenancy.lockouts.client_ip"
 AXES_VERBOSE = False
 
 LOGIN_URL = "login"
@@ -182,7 +183,7 @@ SWITCHYARD_DEMO_PASSWORD = "" if PRODUCTION else env_str("SWITCHYARD_DEMO_PASSWO
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Model loads (rollouts/loads.py): artifacts from S3, a lease per claimed load, retries.
+# Model loads (rollouts/loads/requests.py): artifacts from S3, a lease per claimed load, retries.
 SWITCHYARD_S3_ENDPOINT_URL = env_str("SWITCHYARD_S3_ENDPOINT_URL", "") or None
 SWITCHYARD_S3_REGION = env_str("SWITCHYARD_S3_REGION", "us-east-1")
 # Unset: boto3's own chain (AWS_ACCESS_KEY_ID, instance roles, ~/.aws).
@@ -197,7 +198,7 @@ SWITCHYARD_LOAD_MAX_ATTEMPTS = env_int("SWITCHYARD_LOAD_MAX_ATTEMPTS", 5, minimu
 SWITCHYARD_RECLAIM_WAIT_S = env_float("SWITCHYARD_RECLAIM_WAIT_S", 120.0, minimum=1.0)
 SWITCHYARD_RECONCILE_INTERVAL_S = env_float("SWITCHYARD_RECONCILE_INTERVAL_S", 2.0, minimum=0.5)
 
-# Live latency (rollouts/latency.py): scrape every server's /metrics this often.
+# Live latency (rollouts/traffic/latency.py): scrape every server's /metrics this often.
 SWITCHYARD_SCRAPE_INTERVAL_S = env_float("SWITCHYARD_SCRAPE_INTERVAL_S", 1.0, minimum=0.5)
 SWITCHYARD_SCRAPE_TIMEOUT_S = env_float("SWITCHYARD_SCRAPE_TIMEOUT_S", 0.8, minimum=0.1)
 # Prefix of every Redis key Switchyard writes besides the Celery broker's (one Redis may serve
@@ -291,16 +292,16 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# The local cluster's Triton (see fleet/local_cluster.py).
+# The local cluster's Triton (see local/cluster.py).
 SWITCHYARD_LOCAL_TRITON_HTTP_PORT = env_int("SWITCHYARD_LOCAL_TRITON_HTTP_PORT", 8100, minimum=1)
 SWITCHYARD_LOCAL_TRITON_GRPC_PORT = env_int("SWITCHYARD_LOCAL_TRITON_GRPC_PORT", 8101, minimum=1)
 SWITCHYARD_LOCAL_TRITON_METRICS_PORT = env_int(
     "SWITCHYARD_LOCAL_TRITON_METRICS_PORT", 8102, minimum=1
 )
 
-# --- Traffic routes (fleet/routers.py, rollouts/routes.py) --------------------------------------
+# --- Traffic routes (fleet/inventory/routers.py, rollouts/traffic/routes.py) --------------------------------------
 # nginx sends every routed request's JSON sample as a UDP syslog message to this collector
-# (rollouts.samples). On a static cluster nginx runs on another host: the host named here must
+# (rollouts.traffic.samples). On a static cluster nginx runs on another host: the host named here must
 # be an address of this machine that the router's host can reach.
 SWITCHYARD_COLLECTOR_HOST = env_str("SWITCHYARD_COLLECTOR_HOST", "127.0.0.1")
 SWITCHYARD_COLLECTOR_PORT = env_int("SWITCHYARD_COLLECTOR_PORT", 5514, minimum=1)
@@ -478,7 +479,7 @@ LOGGING = {
     },
 }
 
-# --- Kubernetes clusters (fleet/kube_connection.py, fleet/kube_sync.py, rollouts/workloads.py) --
+# --- Kubernetes clusters (fleet/inventory/kube_connection.py, fleet/inventory/kube_sync.py, rollouts/workloads/requests.py) --
 # Stored cluster secrets (bearer tokens, kubeconfigs) are encrypted with a key derived from this
 # (default: SECRET_KEY). Changing it makes them unreadable: they must be entered again.
 SWITCHYARD_SECRET_KEY = env_secret("SWITCHYARD_SECRET_KEY")
@@ -491,7 +492,7 @@ SWITCHYARD_WORKLOAD_LEASE_S = env_float(
 )
 # The only environment variables a cluster's kube_secret_env may name (comma-separated; empty:
 # none): a cluster sends what it reads to its API server, so no other variable of this process
-# (SECRET_KEY, DATABASE_URL, ...) may be read that way (fleet/secrets.py).
+# (SECRET_KEY, DATABASE_URL, ...) may be read that way (fleet/inventory/secrets.py).
 SWITCHYARD_KUBE_SECRET_ENV_ALLOWED = env_list("SWITCHYARD_KUBE_SECRET_ENV_ALLOWED", [])
 # How often each Kubernetes cluster's nodes and servers are synced: a watch of at most this long
 # from the last resourceVersion (a full list first, and again after a 410 Gone).

@@ -13,7 +13,7 @@ from console.paging import paginate, querystring_without_page
 from fleet import audit_export as audit_export_domain
 from fleet.api.filters import AuditEventFilter
 from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
-from fleet.quota import usage_for
+from fleet.quota.admission import usage_for
 from rollouts.models import Deployment, Model, ModelVersion
 
 

@@ -8,7 +8,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models, transaction
 from django.http import HttpRequest
 
-from fleet import audit, quota
+from fleet import audit
 from fleet.models import (
     GPU,
     APIToken,
@@ -23,6 +23,7 @@ from fleet.models import (
     Tenant,
     TenantNamespace,
 )
+from fleet.quota import admission as quota
 
 
 def _tenant_of(obj: models.Model) -> Tenant | None:

@@ -6,4 +6,4 @@ class FleetConfig(AppConfig):
     verbose_name = "Fleet"
 
     def ready(self) -> None:
-        from fleet import lockouts  # noqa: F401  (audits login lockouts)
+        from fleet.tenancy import lockouts  # noqa: F401  (audits login lockouts)

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import models
 
 from fleet.models import AuditEvent, Tenant
-from fleet.tenancy import token_of
+from fleet.tenancy.scoping import token_of
 
 
 def actor_label(actor: Any) -> str:

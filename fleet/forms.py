@@ -9,9 +9,12 @@ from typing import Any
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from fleet import audit, kube_connection, quota_requests, tokens, webhooks
-from fleet.errors import DomainError, messages_by_field
+from console.exceptions import DomainError, messages_by_field
+from fleet import audit, webhooks
+from fleet.inventory import kube_connection
 from fleet.models import Cluster, Membership, Tenant, Webhook
+from fleet.quota import requests as quota_requests
+from fleet.tenancy import tokens
 
 
 class DomainForm(forms.Form):
@@ -55,7 +58,7 @@ class DomainForm(forms.Form):
 
 
 class TokenForm(DomainForm):
-    """Issue an API token in one of the actor's tenants (``fleet.tokens.issue``).
+    """Issue an API token in one of the actor's tenants (``fleet.tenancy.tokens.issue``).
 
     The tenant is one of those the actor can see, named by slug; the role check (admin) is the
     domain's. Expiry is a date and time in UTC, as the datetime-local input sends it.
@@ -87,7 +90,7 @@ class TokenForm(DomainForm):
 
 
 class QuotaRequestForm(DomainForm):
-    """Ask for more quota in one of the actor's tenants (``fleet.quota_requests.ask``): the
+    """Ask for more quota in one of the actor's tenants (``fleet.quota.requests.ask``): the
     totals wanted of a device class, why, and until when (UTC; empty: for good)."""
 
     tenant = forms.ChoiceField(
@@ -178,7 +181,7 @@ class ClusterForm(forms.ModelForm):
     """Add or change a cluster of any kind (platform admins).
 
     The same rules as the API: the model's ``clean()`` (through the ModelForm's
-    ``full_clean``) and ``fleet.kube_connection.change_secret`` for the secret, so a refusal
+    ``full_clean``) and ``fleet.inventory.kube_connection.change_secret`` for the secret, so a refusal
     reads the same on the same field. The secret is write-only: a password field for a bearer
     token, a text area for a kubeconfig (a password field would drop its line breaks), both
     always rendered empty; left empty, the stored one is kept. ``save()`` records the change

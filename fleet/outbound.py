@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from fleet import audit_export, health, kube_sync, quota_requests, webhooks
+from fleet import audit_export, webhooks
+from fleet.inventory import health, kube_sync
+from fleet.quota import requests as quota_requests
 
 
 @shared_task(ignore_result=True)

@@ -18,9 +18,10 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
-from fleet import health, kube_connection, loadstats, tokens, webhooks
-from fleet.errors import DomainError
+from console.exceptions import DomainError
+from fleet import webhooks
 from fleet.forms import ClusterForm, QuotaDecisionForm, QuotaRequestForm, TokenForm, WebhookForm
+from fleet.inventory import health, kube_connection, loadstats
 from fleet.models import (
     GPU,
     APIToken,
@@ -36,9 +37,10 @@ from fleet.models import (
     Webhook,
     WebhookDelivery,
 )
-from fleet.quota import usage_for
-from fleet.tenancy import has_role, is_platform_admin, require_platform_admin, require_role
-from fleet.visibility import reported_models, reported_models_of
+from fleet.quota.admission import usage_for
+from fleet.tenancy import tokens
+from fleet.tenancy.scoping import has_role, is_platform_admin, require_platform_admin, require_role
+from fleet.tenancy.visibility import reported_models, reported_models_of
 
 
 def _clusters(user: object) -> list[Cluster]:

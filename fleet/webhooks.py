@@ -40,11 +40,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.celery import send_soon
+from console.exceptions import Conflict, DomainError
 from fleet import audit, outbound
-from fleet.errors import Conflict, DomainError
 from fleet.models import Membership, Tenant, Webhook, WebhookDelivery
-from fleet.tenancy import require_role
-from fleet.tokens import person_id
+from fleet.tenancy.scoping import require_role
+from fleet.tenancy.tokens import person_id
 
 # The events a webhook can listen to, with what each means (the API and the console list them).
 EVENTS: dict[str, str] = {

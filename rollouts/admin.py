@@ -60,7 +60,7 @@ class ModelLoadEventInline(admin.TabularInline):
 
 @admin.register(ModelLoad)
 class ModelLoadAdmin(admin.ModelAdmin):
-    """Read-only, history included: the reconciler (rollouts/loads.py) moves a load through its
+    """Read-only, history included: the reconciler (rollouts/loads/requests.py) moves a load through its
     states, holding quota and talking to the server; a state set here would do neither. Load
     and unload from the console or the API."""
 

@@ -32,7 +32,7 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from fleet.errors import Conflict
+from console.exceptions import Conflict
 
 log = logging.getLogger(__name__)
 Row = TypeVar("Row", bound=Model)

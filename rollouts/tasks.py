@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts import drift, latency, loads, rollout, routes, workload_reconciler
 from rollouts.benchmarks import jobs as benchmark_jobs
+from rollouts.canary import requests as rollout
+from rollouts.loads import drift
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ServerWorkload
+from rollouts.traffic import latency, routes
+from rollouts.workloads import reconciler as workload_reconciler
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)

@@ -1,13 +1,11 @@
 from django.urls import path
 
-from rollouts import (
-    autoscaling_views,
-    benchmark_views,
-    registry_views,
-    rollout_views,
-    views,
-    workload_views,
-)
+from rollouts.benchmarks import views as benchmark_views
+from rollouts.canary import views as rollout_views
+from rollouts.deployments import views
+from rollouts.registry import views as registry_views
+from rollouts.workloads import autoscaling_views
+from rollouts.workloads import views as workload_views
 
 app_name = "rollouts"
 urlpatterns = [

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.models import Membership
+from fleet.tenancy import tokens
 from rollouts import tasks
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.fixtures import sent_tasks

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from console import cli
-from fleet import tokens
 from fleet.models import Cluster, Membership
-from rollouts import rollout
+from fleet.tenancy import tokens
+from rollouts.canary import requests as rollout
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion, Rollout
 from tests.api.benchmark_rows import finished_job
 from tests.factories import (

@@ -11,16 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_APPS = ("fleet", "rollouts", "console")
 # The modules allowed to run servers on this host, and why. Everything else must work for any
-# server, wherever it runs, through the adapters that fleet/runtimes.py picks.
+# server, wherever it runs, through the adapters that fleet/inventory/runtimes.py picks.
 LOCAL_RUNTIME_USERS = {
-    "fleet/local_cluster.py": "the local cluster: starts the demo's Triton and vLLM here",
     "fleet/adapters/vllm_roll.py": "rolls the vLLM process of a local-cluster server",
-    "rollouts/demo.py": "the demo's seed data (its model folders and LoRA adapters)",
 }
-LOCAL_CLUSTER_USERS = {
-    "fleet/management/commands/local_cluster.py": "`manage.py local_cluster up|down|status`",
-    "rollouts/demo.py": "the demo's seed data registers the local cluster",
-}
+LOCAL_CLUSTER_USERS: dict[str, str] = {}
 
 
 def _parse(path: Path) -> ast.Module:
@@ -60,22 +55,22 @@ def _all_imports(path: Path) -> set[str]:
 
 
 def _importers(is_wanted) -> set[str]:
-    """Product modules (outside fleet/runtime/ itself) that import a module ``is_wanted``."""
+    """Product modules that import a module ``is_wanted``."""
     found = set()
     for app in PRODUCT_APPS:
         for path in (ROOT / app).rglob("*.py"):
             rel = path.relative_to(ROOT).as_posix()
-            if not rel.startswith("fleet/runtime/") and any(map(is_wanted, _all_imports(path))):
+            if any(map(is_wanted, _all_imports(path))):
                 found.add(rel)
     return found
 
 
 def _is_local_runtime(name: str) -> bool:
-    return name == "fleet.runtime" or name.startswith("fleet.runtime.")
+    return name == "local" or name.startswith("local.")
 
 
 def _is_local_cluster(name: str) -> bool:
-    return name == "fleet.local_cluster"
+    return name == "local.cluster"
 
 
 def test_only_the_local_cluster_and_the_demo_start_servers_on_this_host():
@@ -88,7 +83,7 @@ def test_only_its_command_and_the_demo_use_the_local_cluster():
 
 
 def test_the_adapter_picker_imports_neither_the_local_cluster_nor_a_local_runtime():
-    imported = _all_imports(ROOT / "fleet" / "runtimes.py")
+    imported = _all_imports(ROOT / "fleet" / "inventory" / "runtimes.py")
     assert {n for n in imported if _is_local_cluster(n) or _is_local_runtime(n)} == set()
 
 
@@ -97,10 +92,9 @@ def test_serving_the_product_loads_no_local_runtime():
     interpreter, bring in neither the local cluster nor a local runtime."""
     code = (
         "import sys, django; django.setup()\n"
-        "import console.urls, console.celery, fleet.tasks, rollouts.tasks, fleet.runtimes\n"
+        "import console.urls, console.celery, fleet.tasks, rollouts.tasks, fleet.inventory.runtimes\n"
         "from django.urls import get_resolver; get_resolver().url_patterns\n"
-        "print(sorted(m for m in sys.modules if m == 'fleet.local_cluster'"
-        " or m == 'fleet.runtime' or m.startswith('fleet.runtime.')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('local.') and m != 'local.apps'))\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings"}
     result = subprocess.run(
@@ -230,7 +224,7 @@ def test_every_task_sent_by_name_is_a_task():
 
 def test_no_private_name_crosses_a_module():
     """A name that starts with ``_`` is its module's own: no other product module imports it
-    (``from rollouts.workloads import _range_words``) or reaches it through the module
+    (``from rollouts.workloads.requests import _range_words``) or reaches it through the module
     (``routes._set_route``); what another module needs gets a public name that says what it is."""
     modules = _product_modules()
     offenders = []

@@ -226,7 +226,7 @@ def test_it_exports_each_deployments_signal_and_recommendation():
 def test_the_queue_time_is_exported_in_seconds_where_measured():
     import json
 
-    from rollouts import latency
+    from rollouts.traffic import latency
 
     dep = make_deployment()
     now = time.time()

@@ -22,10 +22,10 @@ from django.conf import settings as django_settings
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet import telemetry
+from console import telemetry
 from fleet.models import Placement
-from rollouts import latency
 from rollouts.models import ModelLoad
+from rollouts.traffic import latency
 from tests.factories import (
     DeploymentFactory,
     InferenceServerFactory,

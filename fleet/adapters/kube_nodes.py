@@ -3,7 +3,7 @@
 Plain Python: no Django. :func:`parse_node` turns one Node object (a dict as the API returns
 it) into a :class:`NodeInfo`; :func:`list_nodes` lists them page by page; :func:`watch_nodes`
 streams the changes from a resourceVersion; :func:`list_labelled_deployments` finds the
-servers labelled for Switchyard. ``fleet.kube_sync`` applies the results to the inventory.
+servers labelled for Switchyard. ``fleet.inventory.kube_sync`` applies the results to the inventory.
 
 GPUs and MIG slices
 -------------------

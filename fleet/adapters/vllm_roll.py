@@ -20,7 +20,8 @@ from pathlib import Path
 
 from fleet.adapters.base import READY, AdapterError, LoadedVersion
 from fleet.adapters.triton_runtime import safe_extract
-from fleet.runtime import processes, vllm_local
+from local import processes
+from local import vllm as vllm_local
 
 SwitchFn = Callable[[str, int], None]  # (new http_url, new pid)
 

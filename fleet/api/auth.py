@@ -5,13 +5,13 @@ from __future__ import annotations
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from fleet import lockouts, tokens
 from fleet.models import APIToken
-from fleet.tenancy import TokenUser
+from fleet.tenancy import lockouts, tokens
+from fleet.tenancy.scoping import TokenUser
 
 
 class TooManyInvalidTokens(exceptions.Throttled):
-    """429 with Retry-After, for an address locked out by ``fleet.lockouts``."""
+    """429 with Retry-After, for an address locked out by ``fleet.tenancy.lockouts``."""
 
     default_detail = "Too many invalid API tokens from this address."
     extra_detail_singular = "Try again in {wait} second."
@@ -20,7 +20,7 @@ class TooManyInvalidTokens(exceptions.Throttled):
 
 class APITokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer sy_…``. Answers 401 with the reason for a bad token, and 429 to
-    an address that sent too many malformed or unknown tokens (``fleet.lockouts``)."""
+    an address that sent too many malformed or unknown tokens (``fleet.tenancy.lockouts``)."""
 
     keyword = "Bearer"
 

@@ -9,9 +9,9 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import permissions, viewsets
 from rest_framework.request import Request
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 from fleet.models import Membership, Tenant
-from fleet.tenancy import is_platform_admin, tenant_roles
+from fleet.tenancy.scoping import is_platform_admin, tenant_roles
 
 #: The longest Idempotency-Key header a create call accepts.
 MAX_IDEMPOTENCY_KEY = 200

@@ -1,7 +1,7 @@
 """Kubernetes namespaces granted to tenants: ``/api/v1/tenant-namespaces/``.
 
 A tenant's servers on Kubernetes run only in the namespaces granted to it, and read Secrets
-from those only (see ``fleet.namespaces``). A tenant's members read its grants; platform
+from those only (see ``fleet.tenancy.namespaces``). A tenant's members read its grants; platform
 admins grant, change and revoke them (each change is in the audit log). Revoking a grant
 stops new servers and rolls there; servers already running keep running until deleted.
 """

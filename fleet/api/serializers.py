@@ -13,9 +13,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.utils import html
 
-from fleet import kube_connection, quota_requests
+from console.exceptions import Conflict, messages_by_field
 from fleet.api.refs import IdOrNameField, NodeField, NotFound, lookup_node
-from fleet.errors import Conflict, messages_by_field
+from fleet.inventory import kube_connection
 from fleet.models import (
     GPU,
     APIToken,
@@ -29,8 +29,9 @@ from fleet.models import (
     QuotaRequest,
     Tenant,
 )
-from fleet.tenancy import is_platform_admin, role_in
-from fleet.visibility import reported_models_of
+from fleet.quota import requests as quota_requests
+from fleet.tenancy.scoping import is_platform_admin, role_in
+from fleet.tenancy.visibility import reported_models_of
 
 # Sent by the browsable API's HTML forms along with the fields.
 FORM_KEYS = frozenset({"csrfmiddlewaretoken"})
@@ -304,7 +305,7 @@ class AdmissionAmountSerializer(serializers.Serializer):
 
 class ReclaimSummarySerializer(serializers.Serializer):
     """What the borrowers' placements listed for reclaim give back, counted: how many, how
-    much, never whose (a fleet.quota.ReclaimSummary)."""
+    much, never whose (a fleet.quota.admission.ReclaimSummary)."""
 
     placements = serializers.IntegerField()
     units = serializers.IntegerField(help_text="Units they borrow")
@@ -320,7 +321,7 @@ class ReclaimableSerializer(serializers.Serializer):
 
 
 class AdmissionSerializer(serializers.Serializer):
-    """Admission's decision (a fleet.quota.Decision), as a load of that size would get it now
+    """Admission's decision (a fleet.quota.admission.Decision), as a load of that size would get it now
     (nothing is reserved)."""
 
     admitted = serializers.BooleanField()

@@ -16,7 +16,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from fleet import audit, audit_export, health, kube_connection, quota, quota_requests, tokens
+from console.exceptions import DomainError
+from fleet import audit, audit_export
 from fleet.api import serializers as s
 from fleet.api.base import (
     ADMIN_WRITES,
@@ -26,7 +27,7 @@ from fleet.api.base import (
 )
 from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
-from fleet.errors import DomainError
+from fleet.inventory import health, kube_connection
 from fleet.models import (
     GPU,
     APIToken,
@@ -39,9 +40,12 @@ from fleet.models import (
     QuotaRequest,
     Tenant,
 )
-from fleet.quota import usage_for
-from fleet.tenancy import require_platform_admin
-from fleet.visibility import reported_models
+from fleet.quota import admission as quota
+from fleet.quota import requests as quota_requests
+from fleet.quota.admission import usage_for
+from fleet.tenancy import tokens
+from fleet.tenancy.scoping import require_platform_admin
+from fleet.tenancy.visibility import reported_models
 
 
 class TenantViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet):

@@ -11,10 +11,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.exceptions import DomainError
 from fleet import webhooks
 from fleet.api.base import ADMIN_WRITES, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.serializers import StrictFieldsMixin, TenantField
-from fleet.errors import DomainError
 from fleet.models import Webhook, WebhookDelivery
 
 

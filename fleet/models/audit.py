@@ -7,7 +7,7 @@ import re
 from django.conf import settings
 from django.db import models
 
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .tenancy import APIToken, Tenant
 

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from fleet.tenancy import FleetQuerySet
+from fleet.tenancy.scoping import FleetQuerySet
 
 from .tenancy import slug_validator
 
@@ -33,7 +33,7 @@ class Cluster(models.Model):
     synced through the Kubernetes API. Clusters are shared infrastructure: every tenant member
     can see them, only platform admins change them.
 
-    Traffic router (``fleet.routers.router_for``): a local cluster's routes are served by the
+    Traffic router (``fleet.inventory.routers.router_for``): a local cluster's routes are served by the
     local nginx. A static cluster names its own with ``router_kind`` ``nginx``: the directory
     of route files Switchyard writes (the router's nginx includes ``<dir>/switchyard.conf``
     in its ``http`` block), the command that reloads it, and the host name clients use.
@@ -101,7 +101,7 @@ class Cluster(models.Model):
         max_length=255, blank=True,
         help_text="Host name or address clients use in route URLs (the router's host)",
     )
-    # The traffic router as last probed (fleet.health.check_routers), never typed in.
+    # The traffic router as last probed (fleet.inventory.health.check_routers), never typed in.
     router_state = models.CharField(
         max_length=16, choices=RouterState.choices, default=RouterState.UNKNOWN,
         help_text="The traffic router as last probed: up (answers, every route in force), "
@@ -115,7 +115,7 @@ class Cluster(models.Model):
     )
     router_checked_at = models.DateTimeField(null=True, blank=True)
     router_state_changed_at = models.DateTimeField(null=True, blank=True)
-    # Kubernetes clusters: how to reach the API (fleet.kube_connection) and what it said.
+    # Kubernetes clusters: how to reach the API (fleet.inventory.kube_connection) and what it said.
     kube_auth = models.CharField(
         max_length=16, choices=KubeAuth.choices, blank=True,
         help_text="How Switchyard authenticates to the Kubernetes API",
@@ -281,7 +281,7 @@ class Node(models.Model):
     cpu_cores = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveBigIntegerField(default=0)
     labels = models.JSONField(default=dict, blank=True)
-    # Observed from the Kubernetes API (fleet.kube_sync); typed in for other clusters.
+    # Observed from the Kubernetes API (fleet.inventory.kube_sync); typed in for other clusters.
     synced = models.BooleanField(default=False, help_text="Kept in step with a Node object")
     ready = models.BooleanField(null=True, blank=True, help_text="The Ready condition")
     ready_detail = models.CharField(max_length=500, blank=True)
@@ -414,7 +414,7 @@ class ClusterSync(models.Model):
 
     ``kind`` is ``list`` (a full list of Nodes and labelled Services) or ``watch`` (the events
     of one watch from the last resourceVersion). The newest rows are kept
-    (``fleet.kube_sync.KEEP_SYNCS`` per cluster).
+    (``fleet.inventory.kube_sync.KEEP_SYNCS`` per cluster).
     """
 
     class Kind(models.TextChoices):

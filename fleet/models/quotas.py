@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .inventory import InferenceServer
 from .tenancy import Tenant, slug_validator
@@ -60,7 +60,7 @@ class Placement(models.Model):
 
     States: loading → active → released. Only ``loading`` and ``active`` placements count
     against quota. ``borrowed_*``: how much of it the tenant holds above its own quota,
-    borrowed from its cohort (fleet.quota keeps these marks on the tenant's newest, lowest
+    borrowed from its cohort (fleet.quota.admission keeps these marks on the tenant's newest, lowest
     priority placements). ``priority`` comes from the deployment: when a lender reclaims,
     the lowest priority goes first.
     """

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 slug_validator = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$",

@@ -7,7 +7,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from fleet.models.tenancy import Tenant
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 SECRET_SHOWN_CHARS = 10  # "whsec_" and the first 4 characters of the secret proper
 

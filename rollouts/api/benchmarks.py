@@ -29,6 +29,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.exceptions import DomainError
 from console.schema import AutoSchema
 from fleet.api.base import (
     DEPLOYER_WRITES,
@@ -39,7 +40,6 @@ from fleet.api.base import (
 from fleet.api.filters import FilterSet, IntegerFilter, parse_integer
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
-from fleet.errors import DomainError
 from fleet.models import InferenceServer
 from rollouts.api.rollouts import MAX_VERSION, named_at_the_top
 from rollouts.api.serializers import ModelVersionSerializer

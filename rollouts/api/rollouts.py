@@ -5,7 +5,7 @@ with its steps, analyses, approvals and timeline; ``POST /rollouts/`` asks for o
 ``Idempotency-Key`` a retried request replays the first); ``POST /rollouts/{id}/pause/``,
 ``resume/``, ``promote/`` and ``abort/`` record an action the reconciler carries out at its
 next tick (202); ``approve/`` and ``retry/`` take effect at once (200). Every write calls
-:mod:`rollouts.rollout`, as the console does.
+:mod:`rollouts.canary.requests`, as the console does.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.exceptions import DomainError
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
-from fleet.errors import DomainError
-from rollouts import rollout
 from rollouts.api.routes import HEADER, VersionWeightsField
 from rollouts.api.serializers import DecisionSerializer
+from rollouts.canary import requests as rollout
 from rollouts.models import (
     Deployment,
     Rollout,
@@ -49,7 +49,7 @@ TOP_FIELD = re.compile(r"[A-Za-z_]+")
 
 
 # --------------------------------------------------------------------------------------------
-# Schemas of the JSON inputs the domain checks (rollouts.rollout.parse_steps, parse_analysis)
+# Schemas of the JSON inputs the domain checks (rollouts.canary.requests.parse_steps, parse_analysis)
 # --------------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@
 only what it names), ``POST /routes/`` gives a deployment its default route, and
 ``GET /routes/{deployment}/revisions/`` is its history; ``DELETE`` takes the route off the
 router (so the versions it sent traffic to can be unloaded). Every write calls
-:mod:`rollouts.routes`, as the console does.
+:mod:`rollouts.traffic.routes`, as the console does.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from fleet.adapters.routers.base import POLICIES, WEIGHTED
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin
 from fleet.api.refs import IdOrNameField
 from fleet.api.serializers import StrictFieldsMixin
-from rollouts import routes
 from rollouts.models import Deployment, Route, RouteRevision
+from rollouts.traffic import routes
 
 VERSION_KEY = re.compile(r"^[1-9][0-9]{0,9}$")
 HEADER = r"^[A-Za-z][A-Za-z0-9-]{0,63}$"

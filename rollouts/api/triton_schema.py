@@ -1,6 +1,6 @@
 """The OpenAPI schema of a version's ``triton_config``: Triton's ``ModelConfig``, as JSON.
 
-Written from the same protobuf descriptor that ``rollouts.triton_config`` checks a config
+Written from the same protobuf descriptor that ``rollouts.registry.triton_config`` checks a config
 against, so the request schema states what registering a version accepts: the fields of each
 message (by their protobuf names; the camelCase JSON names are read too), their types and
 ranges, enums by name, maps as objects, and at most one field of each ``oneof``. Switchyard's
@@ -20,7 +20,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2
 
 from fleet.api.serializers import JSONObjectField
-from rollouts.triton_config import SET_AT_LOAD
+from rollouts.registry.triton_config import SET_AT_LOAD
 
 FLOAT32_MAX = 3.4028234663852886e38
 _RANGES = {
@@ -117,7 +117,7 @@ class _Builder:
 
 
 class TritonConfigField(JSONObjectField):
-    """A version's Triton model config (checked in full by the model: rollouts.triton_config)."""
+    """A version's Triton model config (checked in full by the model: rollouts.registry.triton_config)."""
 
 
 class TritonConfigFieldSchema(OpenApiSerializerFieldExtension):

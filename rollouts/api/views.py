@@ -15,6 +15,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.exceptions import DomainError
 from fleet.api.base import (
     DEPLOYER_WRITES,
     TenantScopedViewSetMixin,
@@ -23,12 +24,15 @@ from fleet.api.base import (
 )
 from fleet.api.filters import FilterSet, parse_integer
 from fleet.api.refs import IdOrNameFilter
-from fleet.errors import DomainError
 from fleet.models import Cluster, InferenceServer, Membership
-from rollouts import approvals, deployments, latency, loads, registry
 from rollouts.api import serializers as s
 from rollouts.api.filters import DeploymentFilter
+from rollouts.deployments import lifecycle as deployments
+from rollouts.loads import requests as loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+from rollouts.registry import approvals
+from rollouts.registry import versions as registry
+from rollouts.traffic import latency
 
 # The latency window, in seconds: from a minute to the 30 days of history kept.
 MIN_WINDOW_S = 60

@@ -5,7 +5,7 @@
 admitted first; with an ``Idempotency-Key`` a retried request replays the first);
 ``POST /workloads/{id}/scale/`` and ``roll/`` start a change the reconciler carries out
 (202); ``DELETE /workloads/{id}/`` starts taking it away (202). Every write calls
-:mod:`rollouts.workloads`, as the console does.
+:mod:`rollouts.workloads.requests`, as the console does.
 
 A workload created with ``min_replicas`` and ``max_replicas`` is autoscaled: an HPA owns its
 replica count, its quota is held for ``max_replicas``, and ``scale/`` takes a new range
@@ -35,13 +35,13 @@ from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotenc
 from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from fleet.api.serializers import StrictFieldsMixin
-from rollouts import workloads
 from rollouts.models import Deployment, ModelVersion, ServerWorkload
+from rollouts.workloads import requests as workloads
 
 MAX_VERSION = 2**31 - 1  # what a version number column holds
 State = ServerWorkload.State
 
-# The patterns the domain checks (rollouts.workloads), stated for the schema as well.
+# The patterns the domain checks (rollouts.workloads.requests), stated for the schema as well.
 NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 GPU_RESOURCE = r"^nvidia\.com/(gpu|mig-[1-7]g\.[0-9]{1,3}gb)$"

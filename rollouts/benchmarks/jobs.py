@@ -35,12 +35,13 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from console.celery import send_now
-from fleet import audit, quota
+from console.exceptions import Conflict, DomainError, QuotaExceeded
+from fleet import audit
 from fleet.audit import actor_label
-from fleet.errors import Conflict, DomainError, QuotaExceeded
 from fleet.models import InferenceServer, Membership
-from fleet.tenancy import require_role, token_of
-from rollouts import leases, loads
+from fleet.quota import admission as quota
+from fleet.tenancy.scoping import require_role, token_of
+from rollouts import leases
 from rollouts.benchmarks import sweep
 from rollouts.benchmarks.results import summarize_job
 from rollouts.benchmarks.specs import (
@@ -57,6 +58,7 @@ from rollouts.benchmarks.specs import (
     slo_for,
     spec_for,
 )
+from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet import quota
-from fleet.errors import Conflict, DomainError
+from console.exceptions import Conflict, DomainError
 from fleet.models import Membership
-from fleet.tenancy import require_role
+from fleet.quota import admission as quota
+from fleet.tenancy.scoping import require_role
 from rollouts.benchmarks import sweep
 from rollouts.benchmarks.specs import full_config
 from rollouts.models import BenchmarkJob, ModelVersion
@@ -83,7 +83,7 @@ def gate(candidate: ModelVersion, baseline: ModelVersion, max_drop_pct: float,
 def register_config(actor: Any, job: BenchmarkJob, index: int | None = None) -> ModelVersion:
     """Register the best (or ``index``) config of a config sweep as a new version of the model:
     the same artifact, the measured config, lineage pointing at the job."""
-    from rollouts import registry
+    from rollouts.registry import versions as registry
 
     require_role(actor, job.tenant, Membership.Role.DEPLOYER)
     if job.state != State.SUCCEEDED or not job.configs:

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 from django.conf import settings
 
+from console.exceptions import DomainError
 from fleet.adapters.vllm import adapter_name
-from fleet.errors import DomainError
 from fleet.models import InferenceServer
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion
 

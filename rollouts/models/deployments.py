@@ -10,7 +10,7 @@ from django.db import models
 
 from fleet.models import Cluster, InferenceServer, Tenant
 from fleet.models.tenancy import slug_validator
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .registry import Model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
 

@@ -11,9 +11,9 @@ from django.db import models
 
 from fleet.models import APIToken, InferenceServer, Tenant
 from fleet.models.tenancy import slug_validator
-from fleet.tenancy import scoped_manager, served_model_name
-from rollouts import vllm_labels
-from rollouts.triton_config import problems as triton_config_problems
+from fleet.tenancy.scoping import scoped_manager, served_model_name
+from rollouts.registry import vllm_labels
+from rollouts.registry.triton_config import problems as triton_config_problems
 
 sha256_validator = RegexValidator(r"^[0-9a-f]{64}$", "must be 64 lowercase hex characters")
 s3_uri_validator = RegexValidator(
@@ -46,7 +46,7 @@ class Model(models.Model):
         and the deployment's route rewrites the client's ``/v2/models/fraud-scorer`` to it.
         vLLM clients name the model in the request body, which routes pass through
         untouched, so there it keeps its own name and a server carries one tenant's model of
-        a name (``rollouts.loads`` refuses a second). A server Switchyard runs as one
+        a name (``rollouts.loads.requests`` refuses a second). A server Switchyard runs as one
         deployment's Kubernetes workload is that deployment's alone, and loads the model
         under its own name.
         """

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 
 from fleet.models import APIToken, Tenant
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
 from .registry import ModelVersion

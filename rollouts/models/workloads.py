@@ -9,7 +9,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from fleet.models import APIToken, Cluster, InferenceServer, Placement, Tenant
-from fleet.tenancy import scoped_manager
+from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
 from .registry import ModelVersion
@@ -18,7 +18,7 @@ from .registry import ModelVersion
 class ServerWorkload(models.Model):
     """A Triton or vLLM server of one deployment, run as an apps/v1 Deployment and a Service
     in the cluster's namespace, owned by Switchyard (server-side apply, field manager
-    ``switchyard``), advanced by an idempotent reconciler (``rollouts.workloads``).
+    ``switchyard``), advanced by an idempotent reconciler (``rollouts.workloads.requests``).
 
     ``pending`` (quota admitted for ``replicas`` x the version's GPUs) → ``applying`` (the
     Deployment and Service are applied) → ``progressing`` (waiting, through the API, for the

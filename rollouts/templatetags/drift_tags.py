@@ -1,5 +1,5 @@
 """Drift on the console pages: versions recorded ready that a server does not report, and
-loads lost from a server lately (see rollouts/drift.py)."""
+loads lost from a server lately (see rollouts/loads/drift.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 
 from fleet.models import InferenceServer
-from rollouts import drift
+from rollouts.loads import drift
 from rollouts.models import Deployment, ModelLoad
 
 register = template.Library()

@@ -38,13 +38,15 @@ from django.contrib.auth import get_user_model
 from django.urls import Resolver404, resolve
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.adapters.triton_runtime import TritonServerRuntime
 from fleet.models import InferenceServer, Membership, Tenant
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
-from fleet.runtime.triton_local import start_triton, write_demo_repository
-from rollouts import demo, latency, loads, routes
+from fleet.tenancy import tokens
+from local import demo
+from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
+from local.triton import start_triton, write_demo_repository
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
+from rollouts.traffic import latency, routes
 from tests.fixtures import sent_tasks
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -362,7 +364,7 @@ def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route
         http_url=local_triton.http_url, grpc_url="", metrics_url=local_triton.metrics_url,
         model_repository=str(local_triton.model_repository), log_path=str(local_triton.log_path))
     server = InferenceServer.objects.get(name="triton-local")
-    monkeypatch.setattr("rollouts.demo.local_cluster.register_configured", lambda: server)
+    monkeypatch.setattr("local.demo.local_cluster.register_configured", lambda: server)
     # The rollout the doc asks for waits for its approver: no tick of the reconciler is needed
     # to answer as documented, so none is sent to a broker.
     sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", lambda rollout_id: None)

@@ -9,7 +9,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from fleet import kube_connection, secrets
+from fleet.inventory import kube_connection, secrets
 from fleet.models import GPU, AuditEvent, Cluster, ClusterSync, Node
 from tests.factories import ClusterFactory, GPUFactory, NodeFactory
 from tests.fixtures import sent_tasks

@@ -21,8 +21,9 @@ from rest_framework.test import APIClient
 from console import parsers
 from fleet import audit
 from fleet.models import AuditEvent, Cluster, Quota
-from rollouts import registry, rollout
+from rollouts.canary import requests as rollout
 from rollouts.models import Model, ModelLoad, ModelVersion, Rollout
+from rollouts.registry import versions as registry
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
@@ -490,7 +491,7 @@ def test_a_triton_config_triton_would_refuse_is_a_400_naming_its_path(dave, mode
 def test_the_configs_switchyard_ships_and_tests_with_are_valid(dave, model_a):
     configs = [
         {},
-        {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},  # rollouts/demo.py
+        {"instance_group": [{"count": 1, "kind": "KIND_CPU"}]},  # local/demo.py
         {"instance_group": [{"count": 3, "kind": "KIND_CPU"}]},
         {"name": "model-a", "backend": "python", "max_batch_size": 8,
          "dynamic_batching": {"max_queue_delay_microseconds": "100"},
@@ -505,7 +506,7 @@ def test_the_configs_switchyard_ships_and_tests_with_are_valid(dave, model_a):
         response = client.post("/api/v1/versions/", version_body(model_a, number, triton_config=config),
                                format="json")
         assert response.status_code == 201, (config, response.json())
-    # The second is the demo's (rollouts/demo.py); the factories' versions have none.
+    # The second is the demo's (local/demo.py); the factories' versions have none.
     ModelVersionFactory.build(model=model_a, version=99).full_clean(validate_constraints=False)
 
 

@@ -14,8 +14,8 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from fleet import health, kube_connection
 from fleet.adapters.base import ServerProbe
+from fleet.inventory import health, kube_connection
 from fleet.models import Cluster, ClusterSync, InferenceServer
 from tests.factories import ClusterFactory, InferenceServerFactory, NodeFactory
 

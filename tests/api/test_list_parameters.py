@@ -13,8 +13,9 @@ from drf_spectacular.generators import SchemaGenerator
 from jsonschema import Draft202012Validator
 from rest_framework.test import APIClient
 
-from fleet import audit, tokens
+from fleet import audit
 from fleet.models import Membership
+from fleet.tenancy import tokens
 from rollouts.models import Model, ModelLoad
 from tests.api.test_schema_fuzz import refused_only_for_what_no_schema_states
 from tests.factories import (
@@ -284,7 +285,7 @@ def test_the_triton_config_schema_is_tritons_model_config(schema):
            {"version_policy": {"latest": {"num_versions": 1}}},
            {"dynamic_batching": {}, "sequence_batching": {}}]
 
-    from rollouts import triton_config
+    from rollouts.registry import triton_config
 
     for config in good:
         assert validator.is_valid(config), config

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.errors import Conflict, DomainError
+from console.exceptions import Conflict, DomainError
 from fleet.models import AuditEvent, Membership
-from rollouts import deployments, loads
-from rollouts import rollout as rollouts
+from rollouts.canary import requests as rollouts
+from rollouts.deployments import lifecycle as deployments
+from rollouts.loads import requests as loads
 from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Rollout, RolloutEvent
 from tests.factories import (
     AliasFactory,

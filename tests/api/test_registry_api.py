@@ -11,10 +11,12 @@ import time_machine
 from django.core.exceptions import ValidationError
 from django.core.paginator import UnorderedObjectListWarning
 
-from fleet.errors import Conflict
+from console.exceptions import Conflict
 from fleet.models import AuditEvent, Cluster
-from rollouts import approvals, deployments, registry
+from rollouts.deployments import lifecycle as deployments
 from rollouts.models import Alias, Deployment, Model, ModelVersion
+from rollouts.registry import approvals
+from rollouts.registry import versions as registry
 from tests.factories import (
     AliasFactory,
     ClusterFactory,

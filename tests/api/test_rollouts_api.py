@@ -17,9 +17,9 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.models import AuditEvent, Cluster, Membership
-from rollouts import rollout
+from fleet.tenancy import tokens
+from rollouts.canary import requests as rollout
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, RolloutEvent, Route
 from tests.factories import (
     ClusterFactory,

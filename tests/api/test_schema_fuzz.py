@@ -37,9 +37,10 @@ from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from fleet import health, tokens
 from fleet.adapters.base import ServerProbe
+from fleet.inventory import health
 from fleet.models import InferenceServer, Membership, Placement
+from fleet.tenancy import tokens
 from rollouts.models import ModelLoad, ModelVersion
 from tests.api.benchmark_rows import finished_job
 from tests.factories import (

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import health
 from fleet.adapters.base import ModelState, ServerProbe
+from fleet.inventory import health
 from fleet.models import GPU, Cluster, InferenceServer, Node
-from fleet.visibility import reported_models_of
+from fleet.tenancy.visibility import reported_models_of
 from tests.factories import (
     ClusterFactory,
     GPUFactory,

@@ -24,10 +24,11 @@ from django.db import models
 from django.urls import get_resolver
 from rest_framework.test import APIClient
 
-from fleet import health, quota_requests, tokens, webhooks
+from fleet import webhooks
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
+from fleet.inventory import health
 from fleet.models import (
     GPU,
     APIToken,
@@ -42,7 +43,8 @@ from fleet.models import (
     Webhook,
     WebhookDelivery,
 )
-from rollouts import approvals, workload_specs, workloads
+from fleet.quota import requests as quota_requests
+from fleet.tenancy import tokens
 from rollouts.api.urls import router as rollouts_router
 from rollouts.models import (
     Alias,
@@ -56,6 +58,9 @@ from rollouts.models import (
     RouteRevision,
     ServerWorkload,
 )
+from rollouts.registry import approvals
+from rollouts.workloads import requests as workloads
+from rollouts.workloads import specs as workload_specs
 from tests.api.benchmark_rows import finished_job, queued_job
 from tests.factories import (
     AliasFactory,

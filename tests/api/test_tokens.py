@@ -11,10 +11,10 @@ import time_machine
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.models import APIToken, AuditEvent, Membership
-from rollouts import approvals
+from fleet.tenancy import tokens
 from rollouts.models import ModelVersion
+from rollouts.registry import approvals
 from tests.factories import ModelFactory, ModelVersionFactory
 
 Role = Membership.Role

@@ -14,8 +14,10 @@ import pytest
 from django.test import Client
 
 from fleet.models import Placement, TenantNamespace
-from rollouts import vllm_labels, workload_specs, workloads
 from rollouts.models import ModelVersion, ServerWorkload
+from rollouts.registry import vllm_labels
+from rollouts.workloads import requests as workloads
+from rollouts.workloads import specs as workload_specs
 from tests.factories import ClusterFactory, ModelFactory, ModelVersionFactory
 from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)
     A100,

@@ -13,8 +13,9 @@ from drf_spectacular.generators import SchemaGenerator
 
 from fleet.adapters.kubernetes import KubeError
 from fleet.models import Placement
-from rollouts import workload_reconciler, workloads
 from rollouts.models import ServerWorkload
+from rollouts.workloads import reconciler as workload_reconciler
+from rollouts.workloads import requests as workloads
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.models import Membership
+from fleet.tenancy import tokens
 from rollouts.benchmarks import jobs
 from rollouts.models import BenchmarkJob, ModelLoad
 from tests.factories import MembershipFactory, UserFactory

@@ -399,7 +399,7 @@ def test_stop_from_another_thread_ends_the_level_within_a_second(local_triton):
 @pytest.mark.triton
 def test_a_server_killed_mid_level_gives_connection_errors_and_the_level_ends(
         triton_runtime, tmp_path):
-    from fleet.runtime.triton_local import start_triton, write_demo_repository
+    from local.triton import start_triton, write_demo_repository
 
     write_demo_repository(tmp_path / "models")
     server = start_triton(triton_runtime, tmp_path / "models", load_models=[MODEL],

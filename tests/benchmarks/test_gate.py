@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 from fleet.models import Cluster, InferenceServer
-from rollouts import rollout
 from rollouts.benchmarks import results
+from rollouts.canary import requests as rollout
 from rollouts.models import BenchmarkJob, ModelVersion
 from tests.factories import DeploymentFactory, ModelFactory
 

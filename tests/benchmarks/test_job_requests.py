@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import PermissionDenied
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 from fleet.models import Membership
 from rollouts.benchmarks import results, specs
 from rollouts.models import BenchmarkJob, ModelVersion

@@ -157,7 +157,7 @@ def test_a_server_that_is_gone_fails_the_job_readably(world, triton_runtime, tmp
     import signal
 
     from fleet.models import InferenceServer
-    from fleet.runtime.triton_local import start_triton
+    from local.triton import start_triton
 
     repository = tmp_path / "repo"
     repository.mkdir()
@@ -194,7 +194,7 @@ def test_a_server_that_is_gone_fails_the_job_readably(world, triton_runtime, tmp
 
 
 def test_one_job_per_server_and_quota_first(world):
-    from fleet.errors import Conflict, QuotaExceeded
+    from console.exceptions import Conflict, QuotaExceeded
 
     world.version(1)
     first, _ = jobs.create_job(world.user, world.deployment, version=1, levels=[1])

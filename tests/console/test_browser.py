@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from fleet import health, local_cluster
+from fleet.inventory import health
 from fleet.models import InferenceServer
-from fleet.runtime.triton_local import TritonProcess
+from local import cluster as local_cluster
+from local.triton import TritonProcess
 from rollouts.models import ModelVersion
 from tests.console.conftest import SCREENSHOTS
 from tests.factories import InferenceServerFactory, ModelFactory, ModelVersionFactory

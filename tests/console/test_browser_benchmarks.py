@@ -17,8 +17,8 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from rollouts import loads
 from rollouts.benchmarks import jobs
+from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.console.test_browser import screenshot
 from tests.fixtures import sent_tasks

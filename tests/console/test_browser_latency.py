@@ -18,8 +18,8 @@ from playwright.sync_api import expect
 
 from fleet.adapters import metrics
 from fleet.models import InferenceServer, Membership
-from rollouts import latency
 from rollouts.models import LatencyRollup
+from rollouts.traffic import latency
 from tests.console.conftest import SCREENSHOTS
 from tests.factories import (
     ClusterFactory,

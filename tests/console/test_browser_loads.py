@@ -16,7 +16,7 @@ from django.db import connection
 from playwright.sync_api import expect
 
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
+from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
 from rollouts.models import ModelLoad, ModelVersion
 from tests.console.conftest import SCREENSHOTS
 from tests.factories import (

@@ -17,8 +17,8 @@ from playwright.sync_api import expect
 
 from fleet.adapters.triton_runtime import TritonServerRuntime
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from rollouts import latency
 from rollouts.models import Deployment, ModelLoad, ModelVersion
+from rollouts.traffic import latency
 from tests.console.conftest import SCREENSHOTS
 from tests.console.test_browser_loads import s3_worker  # noqa: F401 (a fixture)
 from tests.factories import MembershipFactory, QuotaFactory, TenantFactory, UserFactory

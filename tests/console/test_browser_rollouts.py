@@ -20,9 +20,10 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from rollouts import loads, routes
-from rollouts import rollout as rollout_domain
+from rollouts.canary import requests as rollout_domain
+from rollouts.loads import requests as loads
 from rollouts.models import Alias, ModelLoad, Rollout, Route
+from rollouts.traffic import routes
 from tests.console.test_browser import screenshot
 from tests.factories import AliasFactory
 from tests.fixtures.samples import CollectorProcess

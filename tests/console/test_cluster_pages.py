@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from fleet import kube_connection, kube_sync, secrets
+from fleet.inventory import kube_connection, kube_sync, secrets
 from fleet.models import GPU, AuditEvent, Cluster, ClusterSync, Node, Placement
 from fleet.views import gpu_groups
 from tests.factories import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from fleet.models import AuditEvent, InferenceServer
-from rollouts import approvals, loads
+from rollouts.loads import requests as loads
+from rollouts.registry import approvals
 from tests.console.test_tenancy_matrix import World
 from tests.factories import ModelVersionFactory
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from console.management.commands.run_demo import web_command
+from local.management.commands.run_demo import web_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

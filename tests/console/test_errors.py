@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.models import Membership
+from fleet.tenancy import tokens
 
 CONSOLE_LOOK = ('<link rel="stylesheet" href="/static/switchyard/switchyard.css">',
                 '<header class="topbar">')

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from rollouts import approvals
 from rollouts.models import ModelLoad, ModelVersion
+from rollouts.registry import approvals
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

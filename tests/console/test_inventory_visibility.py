@@ -16,8 +16,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from fleet import health, kube_connection
 from fleet.adapters.base import ServerProbe
+from fleet.inventory import health, kube_connection
 from fleet.models import Cluster, ClusterSync, InferenceServer
 from tests.factories import ClusterFactory, InferenceServerFactory, NodeFactory
 

@@ -13,8 +13,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from fleet.models import AuditEvent
-from rollouts import approvals
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+from rollouts.registry import approvals
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

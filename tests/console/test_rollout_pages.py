@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.models import Cluster
-from rollouts import rollout as rollout_domain
+from rollouts.canary import requests as rollout_domain
 from rollouts.models import (
     ModelLoad,
     Rollout,
@@ -194,7 +194,7 @@ def test_the_chart_maps_route_variants_to_versions_and_stops_once_final(
         setup, dave, bob, settings):
     import time
 
-    from rollouts import samples
+    from rollouts.traffic import samples
 
     rollout = make(setup, dave)
     Route.objects.create(deployment=setup["deployment"], name=f"dep-{setup['deployment'].pk}",

@@ -22,9 +22,9 @@ from django.utils import timezone
 from playwright.sync_api import Browser, Dialog, expect
 from rest_framework.test import APIClient
 
-from fleet import tokens
 from fleet.forms import TokenForm
 from fleet.models import APIToken, AuditEvent
+from fleet.tenancy import tokens
 from rollouts.models import ModelLoad
 from tests.console.test_tenancy_matrix import PAGES as MATRIX_PAGES
 from tests.console.test_tenancy_matrix import PLATFORM
@@ -152,7 +152,7 @@ WRONG = "not-the-password"
 
 @pytest.fixture
 def lockout_limits(settings):
-    """Low limits for the tests. django-axes and fleet.lockouts read these at call time."""
+    """Low limits for the tests. django-axes and fleet.tenancy.lockouts read these at call time."""
     settings.SWITCHYARD_LOGIN_FAILURE_LIMIT = LOGIN_LIMIT
     settings.AXES_FAILURE_LIMIT = LOGIN_LIMIT
     settings.AXES_COOLOFF_TIME = COOLOFF
@@ -502,7 +502,7 @@ PROBE = """
 import json
 from django.conf import settings
 from django.test import RequestFactory
-from fleet.lockouts import client_ip
+from fleet.tenancy.lockouts import client_ip
 request = RequestFactory().get("/", HTTP_X_FORWARDED_PROTO="https",
                                HTTP_X_FORWARDED_FOR="192.0.2.1, 203.0.113.7",
                                REMOTE_ADDR="10.9.9.9")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from fleet import health
 from fleet.adapters.base import ModelState, ServerProbe
+from fleet.inventory import health
 from fleet.models import InferenceServer
 from tests.factories import InferenceServerFactory, ModelFactory
 

@@ -33,8 +33,8 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from fleet import health
 from fleet.adapters.base import ServerProbe
+from fleet.inventory import health
 from fleet.models import (
     APIToken,
     AuditEvent,
@@ -45,8 +45,7 @@ from fleet.models import (
     Webhook,
     WebhookDelivery,
 )
-from rollouts import approvals
-from rollouts.forms import (
+from rollouts.deployments.forms import (
     BenchmarkActionForm,
     RolloutActionForm,
     VersionActionForm,
@@ -62,6 +61,7 @@ from rollouts.models import (
     Route,
     ServerWorkload,
 )
+from rollouts.registry import approvals
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory

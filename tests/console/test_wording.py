@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet import kube_sync
+from fleet.inventory import kube_sync
 from fleet.models import Cluster
+from rollouts.canary.views import step_summary
 from rollouts.models import ModelLoad, Rollout
-from rollouts.rollout_views import step_summary
 from tests.api.benchmark_rows import finished_job
 from tests.console.test_tenancy_matrix import World
 from tests.factories import InferenceServerFactory, NodeFactory

@@ -8,9 +8,11 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from fleet.errors import DomainError
-from rollouts import loads, workload_reconciler, workloads
+from console.exceptions import DomainError
+from rollouts.loads import requests as loads
 from rollouts.models import ServerWorkload
+from rollouts.workloads import reconciler as workload_reconciler
+from rollouts.workloads import requests as workloads
 from tests.factories import ClusterFactory, DeploymentFactory
 from tests.kube.test_workload_autoscaling import hpa_kube  # noqa: F401 (fixture)
 from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from rollouts import loads
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
     ClusterFactory,

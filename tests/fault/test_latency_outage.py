@@ -20,8 +20,8 @@ import pytest
 import redis
 
 from fleet.models import InferenceServer, Membership
-from rollouts import latency
 from rollouts.models import LatencyRollup
+from rollouts.traffic import latency
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

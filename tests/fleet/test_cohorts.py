@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet import quota
-from fleet.errors import Conflict, QuotaExceeded
+from console.exceptions import Conflict, QuotaExceeded
 from fleet.models import Cohort, Placement
-from rollouts import loads
+from fleet.quota import admission as quota
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.factories import (
     DeploymentFactory,
@@ -348,7 +348,7 @@ def test_the_quota_page_marks_borrowed_capacity(pool, client):
 
 
 def test_a_deployments_new_priority_moves_its_placements_and_their_borrowed_marks(cpu_pool):
-    from rollouts import deployments
+    from rollouts.deployments import lifecycle as deployments
     from tests.conftest import _admin_of
 
     _, _, borrower, server = cpu_pool

@@ -1,4 +1,4 @@
-"""Server health: probing, classification and what is recorded (``fleet.health``), its API
+"""Server health: probing, classification and what is recorded (``fleet.inventory.health``), its API
 action and the fleet console's live table. Tasks are called as functions (STYLE.md); the
 path through Redis and a real worker is in ``test_health_worker.py``.
 """
@@ -15,11 +15,11 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from django.db import connection, transaction
 
-from fleet import health
 from fleet.adapters.base import ServerProbe
+from fleet.inventory import health
 from fleet.models import InferenceServer
-from fleet.runtime.triton_local import TritonProcess
-from fleet.tenancy import tenant_of_served_name
+from fleet.tenancy.scoping import tenant_of_served_name
+from local.triton import TritonProcess
 from tests.factories import ClusterFactory, InferenceServerFactory, ModelFactory
 from tests.fixtures.http_server import QuietHTTPServer
 

@@ -13,7 +13,7 @@ import pytest
 
 from fleet import tasks
 from fleet.models import InferenceServer
-from fleet.runtime.triton_local import TritonProcess
+from local.triton import TritonProcess
 from tests.factories import ClusterFactory, InferenceServerFactory
 from tests.fixtures.celery_worker import CeleryWorker
 

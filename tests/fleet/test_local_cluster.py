@@ -17,9 +17,9 @@ import httpx
 import psutil
 import pytest
 
-from fleet import local_cluster
 from fleet.models import Cluster, InferenceServer, Node
-from fleet.runtime.triton_local import (
+from local import cluster as local_cluster
+from local.triton import (
     SHM_DIR,
     TritonProcess,
     TritonRuntime,

@@ -39,8 +39,8 @@ from fleet.adapters.metrics import (
     window,
     windows,
 )
-from fleet.runtime.triton_local import TritonProcess
-from fleet.runtime.vllm_local import VLLMProcess
+from local.triton import TritonProcess
+from local.vllm import VLLMProcess
 from tests.fixtures.http_server import QuietHTTPServer
 
 if TYPE_CHECKING:  # imported by pytest as a plugin (below): not imported here first

@@ -1,6 +1,6 @@
 """The nginx traffic router against a REAL nginx (Debian package) and the session's REAL Triton.
 
-One nginx is started for the module (``fleet.runtime.nginx_local``); its routes point at the
+One nginx is started for the module (``local.nginx``); its routes point at the
 session's ``local_triton``, which serves fraud-scorer versions 1 and 2 side by side. Version 1
 answers ``sigmoid(mean(x))`` in about 4 ms, version 2 ``sigmoid(mean(x) + 0.5 * max(x))`` in
 about 12 ms, and Triton counts each version's inferences in ``/versions/<n>/stats``, so a test
@@ -39,9 +39,9 @@ from fleet.adapters.routers.base import (
     validate_route,
 )
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
-from fleet.runtime.nginx_local import NginxProcess, start_nginx, stop_pid
-from fleet.runtime.processes import free_ports
-from fleet.runtime.triton_local import TritonProcess
+from local.nginx import NginxProcess, start_nginx, stop_pid
+from local.processes import free_ports
+from local.triton import TritonProcess
 from tests.fixtures.http_server import QuietHTTPServer
 
 pytestmark = pytest.mark.triton

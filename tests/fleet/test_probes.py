@@ -12,7 +12,7 @@ import pytest
 
 from fleet.adapters import triton, vllm
 from fleet.adapters.base import ModelState, ServerProbeAdapter
-from fleet.runtime.triton_local import TritonProcess
+from local.triton import TritonProcess
 
 
 def closed_port() -> int:

@@ -8,9 +8,9 @@ import threading
 import pytest
 from django.db import connection
 
-from fleet import quota
-from fleet.errors import QuotaExceeded
+from console.exceptions import QuotaExceeded
 from fleet.models import Placement
+from fleet.quota import admission as quota
 from tests.factories import (
     GPUFactory,
     InferenceServerFactory,

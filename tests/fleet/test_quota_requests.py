@@ -11,8 +11,9 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import quota_requests, webhooks
+from fleet import webhooks
 from fleet.models import AuditEvent, Quota, QuotaRequest, WebhookDelivery
+from fleet.quota import requests as quota_requests
 from tests.factories import ClusterFactory, GPUFactory, NodeFactory, QuotaFactory
 
 pytestmark = pytest.mark.django_db

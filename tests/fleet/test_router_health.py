@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 from django.test import Client
 
-from fleet import health
 from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
 from fleet.adapters.routers.nginx import NginxRouter
+from fleet.inventory import health
 from fleet.models import Cluster
-from fleet.runtime.nginx_local import NginxProcess, start_nginx
-from fleet.runtime.processes import free_ports
+from local.nginx import NginxProcess, start_nginx
+from local.processes import free_ports
 from tests.factories import ClusterFactory
 
 

@@ -1,4 +1,4 @@
-"""The start and stop loops the local runtimes share (``fleet.runtime.processes``), on real
+"""The start and stop loops the local runtimes share (``local.processes``), on real
 processes: a Python HTTP server whose port is taken, and a process group that ignores SIGTERM.
 """
 
@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from fleet.runtime.processes import group_members, start_on_ports, terminate
+from local.processes import group_members, start_on_ports, terminate
 
 
 @dataclass

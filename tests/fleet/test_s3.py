@@ -25,7 +25,7 @@ from fleet.adapters.s3 import (
     map_s3_error,
     parse_s3_uri,
 )
-from fleet.runtime.s3_local import (
+from local.s3 import (
     DEMO_ACCESS_KEY_ID,
     DEMO_REGION,
     DEMO_SECRET_ACCESS_KEY,

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from fleet.runtime.triton_local import (
+from local.triton import (
     MARKER_NAME,
     SHM_DIR,
     SHM_PREFIX,
@@ -249,7 +249,7 @@ def test_stop_pid_from_another_process(triton_runtime: TritonRuntime, tmp_path: 
     try:
         ours = regions_of(server)
         code = (
-            "import sys; from fleet.runtime.triton_local import stop_pid; "
+            "import sys; from local.triton import stop_pid; "
             "print(stop_pid(int(sys.argv[1]), 15)); print(stop_pid(int(sys.argv[1]), 15))"
         )
         result = subprocess.run(
@@ -304,7 +304,7 @@ def triton_probe_ready(server: TritonProcess) -> bool:
 
 
 def test_stop_pid_refuses_a_process_that_is_not_tritonserver() -> None:
-    from fleet.runtime.triton_local import stop_pid
+    from local.triton import stop_pid
 
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:

@@ -28,7 +28,7 @@ from fleet.adapters.triton_runtime import (
     config_hash,
     tree_hash,
 )
-from fleet.runtime.triton_local import DEMO_MODELS_DIR, TritonProcess
+from local.triton import DEMO_MODELS_DIR, TritonProcess
 
 pytestmark = pytest.mark.triton
 
@@ -108,7 +108,7 @@ def model_artifact(
     *,
     config: str | None = None,
 ) -> Path:
-    """A version artifact laid out like ``rollouts.demo.artifact()``."""
+    """A version artifact laid out like ``local.demo.artifact()``."""
     members = {f"{model}/config.pbtxt": (config or demo_config(model)).encode()}
     for version, source in versions.items():
         members[f"{model}/{version}/model.py"] = source

@@ -14,7 +14,7 @@ import pytest
 from fleet.adapters import vllm as vllm_adapter
 from fleet.adapters.base import AdapterError, ServerRuntime
 from fleet.adapters.vllm import VLLMAdapterRuntime, adapter_name
-from fleet.runtime.vllm_local import (
+from local.vllm import (
     SCRATCH_PREFIX,
     VLLMProcess,
     VLLMRuntime,

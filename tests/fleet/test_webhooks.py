@@ -21,8 +21,8 @@ from django.test import TestCase
 from django.urls import reverse
 from django.utils import timezone
 
+from console.exceptions import Conflict, DomainError
 from fleet import webhooks
-from fleet.errors import Conflict, DomainError
 from fleet.models import AuditEvent, Webhook, WebhookDelivery
 from tests.factories import TenantFactory
 from tests.fixtures.http_server import QuietHTTPServer
@@ -344,7 +344,7 @@ def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a
     """GIVEN a rollout of tenant A rolling back and a webhook for rollbacks only
     WHEN the reconciler moves it to rolled_back
     THEN one delivery carries the rollout, and the receiver gets it signed."""
-    from rollouts import rollout as reconciler
+    from rollouts.canary import requests as reconciler
     from rollouts.models import Rollout
     from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
 

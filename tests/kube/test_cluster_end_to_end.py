@@ -26,10 +26,10 @@ from rest_framework.test import APIClient
 from fleet import tasks as fleet_tasks
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
+from fleet.inventory.routers import router_for
 from fleet.models import GPU, Cluster, InferenceServer, Node, Placement
-from fleet.routers import router_for
-from rollouts import workload_reconciler
 from rollouts.models import ModelVersion, ServerWorkload
+from rollouts.workloads import reconciler as workload_reconciler
 from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
 from tests.fixtures import sent_tasks
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges

@@ -25,9 +25,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from fleet import kube_connection, secrets
+from console.exceptions import DomainError
 from fleet.adapters import kubernetes as kube
-from fleet.errors import DomainError
+from fleet.inventory import kube_connection, secrets
 from fleet.models import Cluster
 from tests.factories import ClusterFactory
 from tests.fixtures.http_server import QuietHTTPServer

@@ -1,6 +1,6 @@
 """A Kubernetes cluster's inventory synced over exchanges recorded from a real kube-apiserver:
 full lists (paged), watches applying events in order, 410 Gone on a watch and on a continue
-token, and what a sync records (fleet.kube_sync)."""
+token, and what a sync records (fleet.inventory.kube_sync)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from fleet import kube_connection, kube_sync
+from fleet.inventory import kube_connection, kube_sync
 from fleet.models import GPU, Cluster, ClusterSync, InferenceServer, Node
-from fleet.quota import device_class_of
+from fleet.quota.admission import device_class_of
 from tests.factories import ClusterFactory
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
 

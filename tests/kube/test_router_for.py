@@ -1,4 +1,4 @@
-"""``fleet.routers.router_for`` on Kubernetes cluster rows: the Gateway API or Istio router,
+"""``fleet.inventory.routers.router_for`` on Kubernetes cluster rows: the Gateway API or Istio router,
 built from the cluster's access and router settings, sending what a real server accepted."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
 from fleet.adapters.routers.gateway_api import GatewayApiRouter
 from fleet.adapters.routers.istio import IstioRouter
+from fleet.inventory.routers import router_for
 from fleet.models import Cluster
-from fleet.routers import router_for
 from tests.factories import ClusterFactory
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
 

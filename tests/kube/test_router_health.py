@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from fleet import health
 from fleet.adapters.routers.base import RouterHealth
+from fleet.inventory import health
 from fleet.models import Cluster
 from tests.factories import ClusterFactory
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, answered, exchanges

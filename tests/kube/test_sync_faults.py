@@ -1,6 +1,6 @@
 """What a sync makes of a cluster that fails: wrong credentials, RBAC refusing one resource,
 an unreachable API, a watch that drops, unusable settings. Each ends as a readable state on
-the cluster and a failed ClusterSync row; none raises (fleet.kube_sync)."""
+the cluster and a failed ClusterSync row; none raises (fleet.inventory.kube_sync)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from fleet import kube_sync
+from fleet.inventory import kube_sync
 from fleet.models import Cluster, ClusterSync, InferenceServer, Node
 from tests.fixtures.http_server import QuietHTTPServer
 from tests.kube.replay import RecordedApiServer, exchanges

@@ -1,5 +1,5 @@
 """Nodes that vanish from a cluster and servers discovered in it: what a sync keeps, marks,
-changes and leaves alone (fleet.kube_sync)."""
+changes and leaves alone (fleet.inventory.kube_sync)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from fleet import kube_sync
+from fleet.inventory import kube_sync
 from fleet.models import GPU, ClusterSync, InferenceServer, Node, Placement
 from tests.factories import (
     GPUFactory,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from fleet import kube_connection, kube_sync, tasks
+from fleet import tasks
+from fleet.inventory import kube_connection, kube_sync
 from fleet.models import Cluster, ClusterSync, Node
 from tests.factories import ClusterFactory
 from tests.kube.replay import RecordedApiServer, exchanges

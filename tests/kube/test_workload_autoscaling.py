@@ -28,13 +28,16 @@ import yaml
 from django.utils import timezone
 from kubernetes import client
 
+from console.exceptions import DomainError, QuotaExceeded
 from console.metrics import DEPLOYMENT_GAUGES
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.kubernetes import KubeAccess, KubeError
-from fleet.errors import DomainError, QuotaExceeded
 from fleet.models import AuditEvent, InferenceServer, Placement
-from rollouts import autoscaling, workload_reconciler, workload_specs, workloads
 from rollouts.models import ServerWorkload
+from rollouts.workloads import autoscaling
+from rollouts.workloads import reconciler as workload_reconciler
+from rollouts.workloads import requests as workloads
+from rollouts.workloads import specs as workload_specs
 from tests.kube.replay import RecordedApiServer, exchanges
 from tests.kube.schemas import validate_builtin
 from tests.kube.test_workload_manifests import triton_spec, vllm_spec

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fleet import quota
-from fleet.errors import QuotaExceeded
+from console.exceptions import QuotaExceeded
 from fleet.models import Placement
+from fleet.quota import admission as quota
 from tests.factories import (
     ClusterFactory,
     GPUFactory,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from fleet import kube_connection
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.kubernetes import KubeError
+from fleet.inventory import kube_connection
 from fleet.models import Cluster, Tenant, TenantNamespace
 from rollouts.models import ModelVersion
 from tests.factories import (

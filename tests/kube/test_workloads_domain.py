@@ -9,12 +9,17 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 
+from console.exceptions import Conflict, DomainError, QuotaExceeded
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.kubernetes import KubeError
-from fleet.errors import Conflict, DomainError, QuotaExceeded
 from fleet.models import AuditEvent, InferenceServer, Placement
-from rollouts import loads, routes, tasks, workload_reconciler, workload_specs, workloads
+from rollouts import tasks
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion, Route, ServerWorkload
+from rollouts.traffic import routes
+from rollouts.workloads import reconciler as workload_reconciler
+from rollouts.workloads import requests as workloads
+from rollouts.workloads import specs as workload_specs
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

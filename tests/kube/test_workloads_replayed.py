@@ -7,8 +7,9 @@ from __future__ import annotations
 from django.utils import timezone
 
 from fleet.models import Placement
-from rollouts import workload_reconciler, workloads
 from rollouts.models import ServerWorkload
+from rollouts.workloads import reconciler as workload_reconciler
+from rollouts.workloads import requests as workloads
 from tests.kube.replay import RecordedApiServer, exchanges
 from tests.kube.test_workload_world import (  # noqa: F401 (fixtures)
     TRITON_REQUEST,

@@ -1,6 +1,6 @@
 """Version approval: request, approve, reject, archive; four-eyes; people decide, not tokens.
 
-Tested twice: on the domain module ``rollouts.approvals`` and over the API, which must give
+Tested twice: on the domain module ``rollouts.registry.approvals`` and over the API, which must give
 the same answers as HTTP statuses (403 role or four-eyes, 409 illegal transition naming
 ``status``, 400 naming ``reason``).
 """
@@ -12,12 +12,12 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from rest_framework.test import APIClient
 
-from fleet import tokens
-from fleet.errors import Conflict, DomainError
+from console.exceptions import Conflict, DomainError
 from fleet.models import AuditEvent, Membership
-from fleet.tenancy import TokenUser
-from rollouts import approvals
+from fleet.tenancy import tokens
+from fleet.tenancy.scoping import TokenUser
 from rollouts.models import ModelVersion
+from rollouts.registry import approvals
 from tests.factories import ModelFactory, ModelVersionFactory
 
 Role = Membership.Role
@@ -42,7 +42,7 @@ def url(version: ModelVersion, action: str) -> str:
     return f"/api/v1/versions/{version.pk}/{action}/"
 
 
-# --- domain: rollouts.approvals ------------------------------------------------------------------
+# --- domain: rollouts.registry.approvals ------------------------------------------------------------------
 
 
 def test_a_deployer_requests_approval(dave, version):

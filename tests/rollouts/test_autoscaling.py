@@ -1,8 +1,8 @@
-"""The autoscaling signal and the replica recommendation (rollouts.autoscaling).
+"""The autoscaling signal and the replica recommendation (rollouts.workloads.autoscaling).
 
 GIVEN a deployment whose traffic is written into Redis the way Switchyard writes it (route
-samples through ``rollouts.samples.record``, the scraper's points through
-``rollouts.latency`` from two real Triton ``/metrics`` captures), and benchmark jobs as the
+samples through ``rollouts.traffic.samples.record``, the scraper's points through
+``rollouts.traffic.latency`` from two real Triton ``/metrics`` captures), and benchmark jobs as the
 reconciler leaves them, THEN the signal is what that traffic was over the last minute and the
 recommendation is ceil(rate / (capacity x target)), with a readable reason when there is none.
 """
@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from fleet.adapters import metrics
 from fleet.models import InferenceServer
-from rollouts import autoscaling, latency, samples
 from rollouts.models import BenchmarkJob, ModelLoad, Route, ServerWorkload
+from rollouts.traffic import latency, samples
+from rollouts.workloads import autoscaling
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

@@ -11,7 +11,7 @@ import pytest
 
 from fleet.adapters.base import ProbeFailed
 from fleet.adapters.triton import model_metadata
-from rollouts import calling
+from rollouts.deployments import calling
 from rollouts.models import ModelLoad
 from tests.rollouts.triton_world import load_once
 

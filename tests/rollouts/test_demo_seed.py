@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollouts import demo
+from local import demo
 from rollouts.models import Deployment, ModelLoad, ModelVersion
 
 

@@ -10,8 +10,9 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
-from rollouts import loads, routes
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, Route
+from rollouts.traffic import routes
 
 
 def test_bad_arguments_and_no_route_are_refused_with_a_reason(db):

@@ -11,9 +11,10 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.test import Client
 
-from fleet.errors import Conflict
+from console.exceptions import Conflict
 from fleet.models import AuditEvent, Placement
-from rollouts import deployments, loads
+from rollouts.deployments import lifecycle as deployments
+from rollouts.loads import requests as loads
 from rollouts.models import Deployment, ModelLoad, ModelVersion
 from tests.factories import (
     ClusterFactory,

@@ -30,11 +30,13 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from fleet import health
 from fleet.adapters.triton_runtime import config_hash
+from fleet.inventory import health
 from fleet.models import AuditEvent, InferenceServer, Placement
-from fleet.runtime.triton_local import TritonProcess, TritonRuntime, start_triton
-from rollouts import drift, loads, tasks
+from local.triton import TritonProcess, TritonRuntime, start_triton
+from rollouts import tasks
+from rollouts.loads import drift
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.factories import (
     DeploymentFactory,

@@ -6,9 +6,9 @@ DestinationRule of ``IstioRouter``, checked against the CRDs' schemas): the log 
 backends as each gateway names them (Envoy Gateway's ``httproute/<ns>/<route>/rule/0[/backend/
 <i>]`` clusters and backend metadata, Istio's ``outbound|<port>|<subset>|<host>`` clusters).
 Every line is rendered from the documented format dictionaries
-(``rollouts.envoy_samples.ENVOY_GATEWAY_FORMAT`` / ``ISTIO_FORMAT``) the way Envoy renders a
+(``rollouts.traffic.envoy_samples.ENVOY_GATEWAY_FORMAT`` / ``ISTIO_FORMAT``) the way Envoy renders a
 JSON format: each command operator replaced by its value, typed (numbers, null when unset) or
-all strings (``"-"`` when unset). They reach the real collector (``rollouts.collector.
+all strings (``"-"`` when unset). They reach the real collector (``rollouts.traffic.collector.
 Collector``, the loop ``manage.py collect_samples`` runs, here in a thread so that it reads
 this test's database) as UDP syslog datagrams, as a log shipper sends them, and go into a
 redis-server of this module's own. The live latency endpoint's series then reads exact
@@ -35,10 +35,10 @@ from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
 from fleet.adapters.routers.gateway_api import GatewayApiRouter
 from fleet.adapters.routers.istio import IstioRouter
 from fleet.models import Cluster, InferenceServer
-from rollouts import envoy_samples, latency, samples
-from rollouts.collector import Collector
-from rollouts.envoy_samples import ENVOY_GATEWAY_FORMAT, ISTIO_FORMAT, RouteResolver
 from rollouts.models import Route
+from rollouts.traffic import envoy_samples, latency, samples
+from rollouts.traffic.collector import Collector
+from rollouts.traffic.envoy_samples import ENVOY_GATEWAY_FORMAT, ISTIO_FORMAT, RouteResolver
 from tests.factories import ClusterFactory, DeploymentFactory, InferenceServerFactory, ModelFactory
 from tests.fixtures.samples import RedisServer
 from tests.kube.schemas import (
@@ -236,7 +236,7 @@ def kube_cluster(router: str) -> Cluster:
 
 
 def route_row(deployment, spec: RouteSpec, host: str) -> Route:
-    """The route in force, as ``rollouts.routes`` records it after the router applied it."""
+    """The route in force, as ``rollouts.traffic.routes`` records it after the router applied it."""
     servers = {s.http_url: s for s in deployment.servers.all()}
     return Route.objects.create(
         deployment=deployment, name=spec.name, protocol=spec.protocol,

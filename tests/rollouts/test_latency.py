@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 
 from fleet.models import InferenceServer, Membership
-from rollouts import latency
 from rollouts.models import LatencyRollup
+from rollouts.traffic import latency
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import pytest
 from rest_framework.test import APIClient
 
-from rollouts import latency
 from rollouts.models import LatencyRollup
+from rollouts.traffic import latency
 from tests.factories import DeploymentFactory
 
 pytestmark = pytest.mark.django_db

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from fleet.errors import Conflict
-from rollouts import leases, loads, workload_reconciler
-from rollouts import rollout as rollouts
+from console.exceptions import Conflict
+from rollouts import leases
 from rollouts.benchmarks import jobs
+from rollouts.canary import requests as rollouts
+from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout, ServerWorkload
+from rollouts.workloads import reconciler as workload_reconciler
 from tests.factories import DeploymentFactory, InferenceServerFactory, ModelVersionFactory
 
 KINDS = ["load", "rollout", "benchmark", "workload"]

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from django.db import connections
 
-from fleet.errors import Conflict, DomainError
+from console.exceptions import Conflict, DomainError
 from fleet.models import AuditEvent, Placement
-from rollouts import loads
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.rollouts.triton_world import (
     BROKEN_MODEL_PY,

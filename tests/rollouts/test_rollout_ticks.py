@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from rollouts import rollout as rollouts
+from rollouts.canary import requests as rollouts
 from rollouts.models import Rollout
 from tests.rollouts.test_routes import Plain, ready
 

@@ -24,11 +24,13 @@ from rest_framework.test import APIClient
 
 from fleet.adapters.routers.nginx import NginxRouter
 from fleet.adapters.routers.nginx_conf import IDENTITY_PATH
+from fleet.inventory.routers import local_router_options, router_for
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership
-from fleet.routers import local_router_options, router_for
-from rollouts import calling, loads, routes, samples
+from rollouts.deployments import calling
+from rollouts.loads import requests as loads
 from rollouts.models import Alias, ModelLoad, ModelVersion, Route, RouteRevision
 from rollouts.tasks import ensure_routes
+from rollouts.traffic import routes, samples
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,

@@ -30,11 +30,11 @@ import redis
 from fleet.adapters.metrics import RequestLogSource
 from fleet.adapters.routers.base import Mirror, RouteSpec, Variant
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
-from fleet.runtime.nginx_local import NginxProcess, find_nginx, start_nginx
-from fleet.runtime.nginx_supervisor import read_state
-from fleet.runtime.processes import alive, free_port, free_ports
-from fleet.runtime.triton_local import TritonProcess
-from rollouts import latency, samples
+from local.nginx import NginxProcess, find_nginx, start_nginx
+from local.nginx_supervisor import read_state
+from local.processes import alive, free_port, free_ports
+from local.triton import TritonProcess
+from rollouts.traffic import latency, samples
 from tests.factories import ClusterFactory, DeploymentFactory, InferenceServerFactory, ModelFactory
 from tests.fixtures.samples import CollectorProcess, RedisServer
 
@@ -542,7 +542,7 @@ def test_the_judge_fails_the_slower_version_on_real_route_samples_of_one_window(
     """Real requests split 50/50 between fraud-scorer v1 (~4 ms) and v2 (~12 ms) through the
     real nginx; the collector's samples of one window feed the canary judge: v2 as a canary
     against v1 fails on latency with the shift measured, and v1 against v2 does not fail."""
-    from rollouts.analysis import FAIL, JudgeConfig, judge_samples
+    from rollouts.canary.analysis import FAIL, JudgeConfig, judge_samples
 
     dep = new_deployment_id()
     url = router.apply(route(dep, local_triton, 50, 50)).url

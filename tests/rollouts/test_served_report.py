@@ -10,7 +10,7 @@ from django.test import Client
 
 from console.templatetags.switchyard import served_state
 from fleet.models import InferenceServer
-from rollouts import loads
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.rollouts.triton_world import load_once
 

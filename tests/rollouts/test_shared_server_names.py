@@ -21,11 +21,12 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from fleet.runtime.triton_local import DEMO_MODELS_DIR
-from fleet.tenancy import served_model_name
-from rollouts import latency, loads
+from fleet.tenancy.scoping import served_model_name
+from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
+from local.triton import DEMO_MODELS_DIR
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion, Route
+from rollouts.traffic import latency
 from tests.factories import (
     DeploymentFactory,
     MembershipFactory,

@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 
 from fleet.adapters.base import ProbeFailed
 from fleet.models import Cluster, InferenceServer, Membership
-from rollouts import calling
+from rollouts.deployments import calling
 from rollouts.models import ModelLoad, ModelVersion, Route
 from tests.factories import (
     ClusterFactory,

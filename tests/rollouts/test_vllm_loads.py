@@ -18,10 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet import health
+from fleet.inventory import health
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership, Node, Placement
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from rollouts import drift, loads
+from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
+from rollouts.loads import drift
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
     DeploymentFactory,

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from fleet.quota import usage_for
-from fleet.runtime.s3_local import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from fleet.runtime.triton_local import DEMO_MODELS_DIR
-from rollouts import loads
+from fleet.quota.admission import usage_for
+from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
+from local.triton import DEMO_MODELS_DIR
+from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
     DeploymentFactory,

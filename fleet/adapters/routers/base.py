@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from fleet.errors import DomainError
+from console.exceptions import DomainError
 
 KSERVE_V2 = "kserve-v2"  # Triton's HTTP inference protocol
 OPENAI = "openai"  # vLLM's OpenAI-compatible API

@@ -70,7 +70,7 @@ protocol: requests reach the backend unchanged, which is what an HTTPRoute does)
 weights are percentages of their sum (the gateway splits in proportion).
 
 Per-request samples: the gateway's JSON access log, shipped as UDP syslog to Switchyard's
-collector, is mapped to the route's variants by ``rollouts.envoy_samples`` (a backendRef's
+collector, is mapped to the route's variants by ``rollouts.traffic.envoy_samples`` (a backendRef's
 position is its variant's); without it latency comes from the servers' own metrics (see
 docs/kubernetes.md). Plain Python: no Django, no settings.
 """

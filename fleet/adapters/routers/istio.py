@@ -47,7 +47,7 @@ VirtualService that was then refused is deleted again. Subsets are only ever add
 VirtualService changes and pruned after it, so the route in force always finds its subsets.
 A VirtualService write carries no resourceVersion (no recorded exchange shows one accepted on
 these CRDs): concurrent changes of one route by Switchyard are serialized by the route claim
-(``rollouts.routes``), and a hand edit of the ``http`` list is overwritten by the next apply,
+(``rollouts.traffic.routes``), and a hand edit of the ``http`` list is overwritten by the next apply,
 not merged. An AlreadyExists on create (made meanwhile) is re-read and retried, up to
 ``max_attempts`` times.
 
@@ -61,7 +61,7 @@ repeats), the upstream is ``http://<host>:<port>`` as written, the protocol ``op
 pass-through protocol) and weights are percentages of their sum.
 
 Per-request samples: the ingress gateway's JSON access log, shipped as UDP syslog to
-Switchyard's collector, is mapped to the route's variants by ``rollouts.envoy_samples`` (by
+Switchyard's collector, is mapped to the route's variants by ``rollouts.traffic.envoy_samples`` (by
 subset, else Service); without it latency comes from the servers' own metrics (see
 docs/kubernetes.md). Plain Python: no Django, no settings.
 """

@@ -38,7 +38,7 @@ each ``access_log`` target, with ``escape=json``: ``time``, ``msec``, ``route``,
 ``upstream_response_time``, ``request_time``, ``bytes_sent``, ``request_id``. A
 :func:`syslog_target` sends them as UDP syslog messages (``<190>... switchyard: {json}``) to
 a collector, which is how they leave an nginx on another host; a file target suits a local
-reader. Plain Python: no Django, no settings, nothing from ``fleet.runtime``.
+reader. Plain Python: no Django, no settings, nothing from ``local``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a local nginx keeps its files, derived from its prefix directory.
 
-The local cluster's nginx (``fleet.runtime.nginx_local``) lays its files out under one
-prefix; the traffic router that writes its routes (``fleet.routers``) finds them from the
+The local cluster's nginx (``local.nginx``) lays its files out under one
+prefix; the traffic router that writes its routes (``fleet.inventory.routers``) finds them from the
 same prefix without importing the process code. Plain Python: no Django, no settings.
 """
 

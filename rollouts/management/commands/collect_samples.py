@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from rollouts import samples
-from rollouts.collector import BATCH_SIZE, FLUSH_S, Collector
+from rollouts.traffic import samples
+from rollouts.traffic.collector import BATCH_SIZE, FLUSH_S, Collector
 
 
 class Command(BaseCommand):

@@ -1,0 +1,108 @@
+"""Which traffic router serves a cluster's routes: the one place that maps clusters to routers.
+
+* local clusters: the local nginx (``SWITCHYARD_LOCAL_NGINX_DIR``), which the local cluster
+  runs next to its servers; routes listen on ``SWITCHYARD_LOCAL_ROUTE_LISTEN_HOST``;
+* static clusters with ``router_kind`` ``nginx``: the nginx that the cluster names, through
+  its configuration directory (writable here, e.g. a shared mount) and its reload command.
+  Switchyard tests every change with its own ``nginx -t`` before the swap, so this host needs
+  the nginx binary too. Routes listen on every address of the router's host and their URLs
+  name ``router_public_host``;
+* Kubernetes clusters with ``kube_router`` ``gateway-api``: HTTPRoutes in ``kube_namespace``
+  attached to the Gateway ``kube_gateway`` (namespace/name), a route answering at
+  ``<route>.<kube_route_host>`` (``fleet.adapters.routers.gateway_api``); with ``istio``:
+  VirtualServices there for the same hosts, bound to ``kube_gateway`` when one is named
+  (``fleet.adapters.routers.istio``). Both reach the API with ``kube_connection.access_for``;
+  a cluster whose access or router settings are unusable raises ValueError with the reason;
+* anything else (a Kubernetes cluster without ``kube_router``, a static cluster without a
+  router): no router.
+
+The nginx routers send each request's JSON sample as a UDP syslog message to the collector at
+``SWITCHYARD_COLLECTOR_HOST:SWITCHYARD_COLLECTOR_PORT``; a Kubernetes gateway's access log is
+its own (see the routers' documentation).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from django.conf import settings
+
+from console.exceptions import DomainError
+from fleet.adapters.routers import nginx_paths
+from fleet.adapters.routers.base import TrafficRouter
+from fleet.adapters.routers.gateway_api import GatewayApiRouter
+from fleet.adapters.routers.istio import IstioRouter
+from fleet.adapters.routers.nginx import NginxRouter, syslog_target
+from fleet.inventory import kube_connection
+from fleet.models import Cluster
+
+
+def _access_log() -> list[str]:
+    return [syslog_target(settings.SWITCHYARD_COLLECTOR_HOST, settings.SWITCHYARD_COLLECTOR_PORT)]
+
+
+def local_router_options() -> dict[str, object]:
+    """NginxRouter keyword arguments for the local nginx (as its process derives them)."""
+    prefix = Path(settings.SWITCHYARD_LOCAL_NGINX_DIR)
+    return {
+        "conf_dir": nginx_paths.conf_dir(prefix),
+        "nginx": nginx_paths.nginx_binary(),
+        "main_config": nginx_paths.main_config(prefix),
+        "prefix": prefix.resolve(),
+        "status_url": nginx_paths.status_url("127.0.0.1", settings.SWITCHYARD_LOCAL_NGINX_STATUS_PORT),
+        "error_log": nginx_paths.error_log(prefix),
+    }
+
+
+def router_for(cluster: Cluster) -> TrafficRouter | None:
+    """The traffic router of ``cluster``, or None when it has none."""
+    ports = settings.SWITCHYARD_ROUTE_PORTS
+    if cluster.kind == Cluster.Kind.LOCAL:
+        listen = settings.SWITCHYARD_LOCAL_ROUTE_LISTEN_HOST
+        return NginxRouter(
+            **local_router_options(),  # type: ignore[arg-type]
+            listen_host=listen,
+            public_host=settings.SWITCHYARD_LOCAL_ROUTE_PUBLIC_HOST or listen,
+            ports=ports,
+            access_log=_access_log(),
+        )
+    if cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX:
+        return NginxRouter(
+            Path(cluster.router_conf_dir),
+            nginx=nginx_paths.nginx_binary(),
+            reload_command=shlex.split(cluster.router_reload_command),
+            listen_host="0.0.0.0",
+            public_host=cluster.router_public_host,
+            ports=ports,
+            # The ports are on the router's host: nginx's own test of the config finds a
+            # port taken there.
+            check_ports=False,
+            access_log=_access_log(),
+        )
+    if cluster.kind == Cluster.Kind.KUBERNETES and cluster.kube_router:
+        return _kube_router(cluster)
+    return None
+
+
+def _kube_router(cluster: Cluster) -> TrafficRouter:
+    try:
+        access = kube_connection.access_for(cluster)
+    except DomainError as exc:
+        raise ValueError(exc.message) from None
+    if not cluster.kube_route_host:
+        raise ValueError(
+            "kube_route_host is empty: routes answer at <route>.<kube_route_host>, so the "
+            "cluster needs the domain its gateway serves"
+        )
+    if cluster.kube_router == Cluster.KubeRouter.GATEWAY_API:
+        return GatewayApiRouter(
+            access, namespace=cluster.kube_namespace, gateway=cluster.kube_gateway,
+            route_domain=cluster.kube_route_host,
+        )
+    if cluster.kube_router == Cluster.KubeRouter.ISTIO:
+        return IstioRouter(
+            access, namespace=cluster.kube_namespace, route_domain=cluster.kube_route_host,
+            gateway=cluster.kube_gateway,
+        )
+    raise ValueError(f"unknown Kubernetes router {cluster.kube_router!r}")

@@ -1,0 +1,719 @@
+"""Deployment routes: the split of a deployment's traffic between its versions and servers.
+
+A deployment's route is what its clients call: one stable URL on the cluster's traffic router
+(``fleet.inventory.routers.router_for``), named ``dep-<deployment id>``, in front of one variant per
+version ready on one of its servers, named ``v<version>-<server>``. :func:`set_route` is the
+one use case behind the API and the console: it checks the caller's role and the request,
+builds the router's :class:`~fleet.adapters.routers.base.RouteSpec`, puts it in force and records
+the change (a :class:`~rollouts.models.RouteRevision` and an audit entry) with the router's
+answer. A change the router refuses (nginx failing ``nginx -t`` or its reload) leaves the
+route in force as it was: the revision is recorded as failed with the router's message and
+the caller gets a 409 naming ``route``.
+
+What a route is made of, by runtime:
+
+* Triton (``kserve-v2``): a variant per (ready version, server); a request for
+  ``/v2/models/<any>/...`` reaches ``/v2/models/<model>/versions/<n>/...`` on its server,
+  so versions on one server are split as well as servers.
+* vLLM base models (``openai``): a variant per server (a vLLM server runs one base version).
+* vLLM LoRA adapters (``openai``): the OpenAI paths carry the model name in the request body,
+  which the router passes through, so a route splits by server only and clients name the
+  adapter they want (``support-bot-v3``, ``fleet.adapters.vllm.adapter_name``). A server's
+  adapters cannot be told apart by the router, so at most one adapter version per server may
+  carry weight.
+
+Weights are given per version (split evenly over the servers it is ready on, the remainder
+going to the first servers by name, so the result is the same every time) or per (version,
+server); ready versions not named get 0. They are integers summing to 100.
+
+The default route (:func:`ensure_route`) sends everything to the version the production alias
+names, when it is ready, else to the newest ready version. It is made by the console's and the
+API's "create route" action, and by the beat task ``rollouts.tasks.ensure_routes`` for every
+deployment with a ready version and no route yet (so the first load that becomes ready gets
+one within a tick). A failed first attempt leaves a failed route, which the tick leaves alone:
+a deployer changes it by hand.
+
+:func:`remove_route` takes a route off the router (its URL stops answering) and keeps the row,
+``removed``, with its history: that is how a deployment is retired (remove the route, unload
+its versions, delete it), since the version that carries the traffic cannot be unloaded.
+
+Two changes of one route never interleave: a change claims the route (``claimed_until``) for
+as long as the router takes, and :func:`check_unload` refuses to unload a version that carries
+traffic (or receives mirrored copies), or any version while a change is being applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from console.exceptions import Conflict, DomainError
+from fleet import audit
+from fleet.adapters.base import AdapterError
+from fleet.adapters.routers.base import (
+    KSERVE_V2,
+    OPENAI,
+    WEIGHTED,
+    Mirror,
+    RouteSpec,
+    RouteSpecError,
+    TrafficRouter,
+    Variant,
+    validate_route,
+)
+from fleet.inventory.routers import router_for
+from fleet.models import Cluster, InferenceServer, Membership
+from fleet.tenancy.scoping import require_role, token_of
+from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Route, RouteRevision
+
+log = logging.getLogger(__name__)
+
+ROUTE = "route"  # the field a refusal of the router (or of the route as a whole) names
+MAX_VARIANT_NAME = 63
+PRODUCTION_ALIAS = "production"
+
+Weights = Mapping[Any, Any]  # version number -> weight, or (version number, server name) -> weight
+
+
+class RouteFailed(Conflict):
+    """The router refused the change; the route in force before it stays in force."""
+
+
+@dataclass(frozen=True)
+class MirrorTarget:
+    """Copy ``percent`` % of the requests to ``version`` (on ``server``, or the first server
+    it is ready on, by name); the copies' answers are discarded."""
+
+    version: int
+    percent: int
+    server: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+# --------------------------------------------------------------------------------------------
+
+
+def route_name(deployment: Deployment) -> str:
+    """The route's name on the router, and the ``route`` of every sample."""
+    return f"dep-{deployment.pk}"
+
+
+def variant_name(version: int, server: str) -> str:
+    """``v<version>-<server>``, shortened with a hash of the whole when it is too long."""
+    name = f"v{version}-{server}"
+    if len(name) <= MAX_VARIANT_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_VARIANT_NAME - 9].rstrip('-')}-{digest}"
+
+
+# --------------------------------------------------------------------------------------------
+# What can be routed to
+# --------------------------------------------------------------------------------------------
+
+
+def router_of(deployment: Deployment) -> TrafficRouter:
+    """The deployment's cluster's router; a Conflict on ``route`` when there is none."""
+    cluster = deployment.cluster
+    try:
+        router = router_for(cluster)
+    except ValueError as exc:
+        raise Conflict(
+            f"the traffic router of cluster {cluster.name} is misconfigured: {exc}", field=ROUTE
+        ) from None
+    if router is None:
+        raise Conflict(
+            f"cluster {cluster.name} has no traffic router (local clusters route through the "
+            "local nginx; a static cluster names its nginx router; a Kubernetes cluster names "
+            "gateway-api or istio)",
+            field=ROUTE,
+        )
+    return router
+
+
+def has_router(cluster: Cluster) -> bool:
+    if cluster.kind == Cluster.Kind.KUBERNETES:
+        return bool(cluster.kube_router)
+    return cluster.kind == Cluster.Kind.LOCAL or (
+        cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX
+    )
+
+
+def ready_loads(deployment: Deployment) -> list[ModelLoad]:
+    """The deployment's loads that are ready on its servers, by version then server name."""
+    return list(
+        ModelLoad.objects.filter(
+            deployment=deployment, state=ModelLoad.State.READY,
+            server__in=deployment.servers.all(),
+        )
+        .select_related("version", "server")
+        .order_by("version__version", "server__name", "pk")
+    )
+
+
+def _servers_by_version(ready: Iterable[ModelLoad]) -> dict[int, list[InferenceServer]]:
+    found: dict[int, list[InferenceServer]] = {}
+    for load in ready:
+        servers = found.setdefault(load.version.version, [])
+        if load.server not in servers:
+            servers.append(load.server)
+    return found
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shares(deployment: Deployment, weights: Weights, ready: list[ModelLoad]) -> dict[tuple[int, str], int]:
+    """The weight of every (version, server) ready, from the weights asked for."""
+    model = deployment.model
+    by_version = _servers_by_version(ready)
+    known = set(model.versions.values_list("version", flat=True))
+    shares = {(n, s.name): 0 for n, servers in by_version.items() for s in servers}
+    named: dict[int, str] = {}  # version -> "version" or "server": how its weight was given
+    if not isinstance(weights, Mapping) or not weights:
+        raise DomainError("give the weight of at least one ready version", field="weights")
+    for key, weight in weights.items():
+        number, server = key if isinstance(key, tuple) else (key, None)
+        if not _is_int(number) or number not in known:
+            raise DomainError(f"{model.name} has no version {number}", field="weights")
+        where = f"v{number}" + (f" on {server}" if server is not None else "")
+        if not _is_int(weight) or not 0 <= weight <= 100:
+            raise DomainError(
+                f"{where}: a weight is an integer from 0 to 100, got {weight!r}", field="weights"
+            )
+        servers = by_version.get(number, [])
+        how = "version" if server is None else "server"
+        if named.setdefault(number, how) != how:
+            raise DomainError(
+                f"v{number}: give its weight once, either for the version or per server",
+                field="weights",
+            )
+        if not servers:
+            names = ", ".join(s.name for s in deployment.servers.order_by("name")) or "none"
+            raise DomainError(
+                f"v{number} is not ready on the deployment's servers ({names}): load it first",
+                field="weights",
+            )
+        if server is None:
+            base, extra = divmod(weight, len(servers))
+            for index, each in enumerate(servers):
+                shares[(number, each.name)] = base + (1 if index < extra else 0)
+        elif server not in {s.name for s in servers}:
+            raise DomainError(f"v{number} is not ready on {server}: load it there first",
+                              field="weights")
+        else:
+            shares[(number, server)] = weight
+    total = sum(shares.values())
+    if total != 100:
+        raise DomainError(f"must sum to 100, got {total}", field="weights")
+    return shares
+
+
+def _check_adapters(ready: list[ModelLoad], shares: dict[tuple[int, str], int]) -> None:
+    """LoRA adapters on one server are told apart by the request body only: one may carry
+    weight there."""
+    carrying: dict[str, list[int]] = {}
+    for load in ready:
+        key = (load.version.version, load.server.name)
+        if load.version.adapter_of and shares.get(key, 0) > 0:
+            carrying.setdefault(load.server.name, []).append(load.version.version)
+    for server, versions in carrying.items():
+        if len(versions) > 1:
+            listed = ", ".join(f"v{n}" for n in sorted(set(versions)))
+            raise DomainError(
+                f"LoRA adapters {listed} share server {server}: a route splits between servers, "
+                "and clients pick the adapter by the model name they send; give weight to one "
+                "adapter per server",
+                field="weights",
+            )
+
+
+def _build(
+    deployment: Deployment,
+    ready: list[ModelLoad],
+    shares: dict[tuple[int, str], int],
+    policy: str,
+    sticky_header: str,
+    mirror: MirrorTarget | None,
+) -> tuple[RouteSpec, dict[str, dict[str, Any]]]:
+    """The route spec, and what each variant stands for."""
+    kserve = ready[0].version.runtime == ModelVersion.Runtime.TRITON
+    variants: list[Variant] = []
+    meaning: dict[str, dict[str, Any]] = {}
+    names: dict[tuple[int, str], str] = {}
+    for load in ready:
+        key = (load.version.version, load.server.name)
+        if key in names:
+            continue
+        name = variant_name(*key)
+        names[key] = name
+        variants.append(Variant(
+            name=name,
+            upstream=load.server.http_url.rstrip("/"),
+            weight=shares[key],
+            model=load.version.name_on(load.server) if kserve else "",
+            version=load.version.version if kserve else None,
+        ))
+        meaning[name] = {
+            "version_id": load.version_id, "version": load.version.version,
+            "server_id": load.server_id, "server": load.server.name,
+        }
+    spec = RouteSpec(
+        name=route_name(deployment),
+        protocol=KSERVE_V2 if kserve else OPENAI,
+        variants=tuple(variants),
+        policy=policy,
+        sticky_header=sticky_header,
+        mirror=_mirror(deployment, ready, names, mirror),
+    )
+    try:
+        validate_route(spec)
+    except RouteSpecError as exc:
+        raise _spec_refusal(exc) from None
+    return spec, meaning
+
+
+def _spec_refusal(exc: RouteSpecError) -> DomainError:
+    """A route spec refused, as the caller's fault (the field they gave) or the route's."""
+    field = exc.field or ROUTE
+    if field in ("policy", "sticky_header", "weights"):
+        return DomainError(exc.message, field=field)
+    if field.startswith("mirror"):
+        return DomainError(exc.message, field="mirror")
+    # A variant the deployment's own servers make unroutable (their URL, or a router that
+    # cannot tell them apart): not the caller's input, the route as a whole cannot be made.
+    return Conflict(f"cannot route to the deployment's servers: {field} {exc.message}",
+                    field=ROUTE)
+
+
+def _mirror(
+    deployment: Deployment,
+    ready: list[ModelLoad],
+    names: dict[tuple[int, str], str],
+    mirror: MirrorTarget | None,
+) -> Mirror | None:
+    if mirror is None:
+        return None
+    if not _is_int(mirror.percent) or not 0 <= mirror.percent <= 100:
+        raise DomainError(f"percent must be an integer from 0 to 100, got {mirror.percent!r}",
+                          field="mirror")
+    if not _is_int(mirror.version) or not deployment.model.versions.filter(
+        version=mirror.version
+    ).exists():
+        raise DomainError(f"{deployment.model.name} has no version {mirror.version}", field="mirror")
+    servers = [s.name for s in _servers_by_version(ready).get(mirror.version, [])]
+    if mirror.server:
+        servers = [s for s in servers if s == mirror.server]
+    if not servers:
+        where = f" on {mirror.server}" if mirror.server else " on the deployment's servers"
+        raise DomainError(f"v{mirror.version} is not ready{where}: load it first to mirror to it",
+                          field="mirror")
+    if mirror.percent == 0:
+        return None
+    return Mirror(variant=names[(mirror.version, servers[0])], percent=mirror.percent)
+
+
+# --------------------------------------------------------------------------------------------
+# Changing a route
+# --------------------------------------------------------------------------------------------
+
+
+def set_route(
+    actor: Any,
+    deployment: Deployment,
+    weights: Weights,
+    *,
+    policy: str = WEIGHTED,
+    sticky_header: str = "",
+    mirror: MirrorTarget | None = None,
+    reason: str = "",
+) -> Route:
+    """Split the deployment's traffic as ``weights`` say and put it in force (deployer role).
+
+    Refusals name the field: ``weights`` (unknown or unready version, not summing to 100),
+    ``policy``, ``sticky_header``, ``mirror``; ``route`` when the cluster has no router, when
+    another change is being applied, or when the router refused the change (RouteFailed: the
+    failed revision is recorded and the route in force is unchanged). Asking for the route
+    already in force changes and records nothing.
+    """
+    require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    return _set_route(actor, deployment, weights, policy, sticky_header, mirror, reason)
+
+
+def set_route_as_system(
+    deployment: Deployment,
+    weights: Weights,
+    *,
+    policy: str = WEIGHTED,
+    sticky_header: str = "",
+    mirror: MirrorTarget | None = None,
+    reason: str = "",
+) -> Route:
+    """``set_route`` by Switchyard itself (a rollout's step or its way back): no person's role
+    is checked, and the change is recorded as the system's. The same refusals."""
+    return _set_route(None, deployment, weights, policy, sticky_header, mirror, reason)
+
+
+def _set_route(
+    actor: Any,
+    deployment: Deployment,
+    weights: Weights,
+    policy: str = WEIGHTED,
+    sticky_header: str = "",
+    mirror: MirrorTarget | None = None,
+    reason: str = "",
+) -> Route:
+    if Deployment.objects.filter(pk=deployment.pk, archived_at__isnull=False).exists():
+        raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
+    router = router_of(deployment)
+    route, created = _claim(deployment)
+    try:
+        # What is ready is read under the claim: an unload asked for now is refused
+        # (check_unload), so the versions routed to stay loaded while the change is applied.
+        ready = ready_loads(deployment)
+        if not ready:
+            raise DomainError(
+                f"no version of {deployment.model.name} is ready on the deployment's servers: "
+                "load one first",
+                field="weights",
+            )
+        shares = _shares(deployment, weights, ready)
+        _check_adapters(ready, shares)
+        spec, meaning = _build(deployment, ready, shares, policy, sticky_header or "", mirror)
+        asked = _by_version(shares)
+        return _apply(actor, route, router, spec, meaning, asked, reason)
+    except RouteFailed:
+        raise
+    except BaseException:
+        if created and not route.revisions.exists():
+            route.delete()  # nothing was tried on the router: leave no route behind
+        raise
+    finally:
+        Route.objects.filter(pk=route.pk).update(claimed_until=None)
+        route.claimed_until = None
+
+
+def _by_version(shares: dict[tuple[int, str], int]) -> dict[str, int]:
+    totals: dict[int, int] = {}
+    for (number, _server), weight in shares.items():
+        totals[number] = totals.get(number, 0) + weight
+    return {str(n): w for n, w in sorted(totals.items())}
+
+
+def _claim(deployment: Deployment) -> tuple[Route, bool]:
+    """The deployment's route (made when it has none), held for one change; a Conflict when
+    another change holds it."""
+    route, created = Route.objects.get_or_create(
+        deployment=deployment, defaults={"name": route_name(deployment)}
+    )
+    now = timezone.now()
+    until = now + timedelta(seconds=settings.SWITCHYARD_ROUTE_APPLY_LEASE_S)
+    # A conditional update: of two changes at once, one gets the route (and the other is told
+    # so); a claim left by a worker that died runs out.
+    claimed = Route.objects.filter(pk=route.pk).filter(
+        Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    ).update(claimed_until=until)
+    if not claimed:
+        raise Conflict("another change of this route is being applied: try again in a moment",
+                       field=ROUTE)
+    route.refresh_from_db()
+    return route, created
+
+
+def in_force(route: Route) -> dict[str, Any]:
+    """The route in force, for the audit log: weights by variant, policy and mirror."""
+    return {
+        "weights": route.weights,
+        "policy": route.policy if route.spec else None,
+        "sticky_header": route.sticky_header,
+        "mirror": route.spec.get("mirror"),
+        "revision": route.revision,
+    }
+
+
+def _asked(spec: RouteSpec) -> dict[str, Any]:
+    data = spec.to_json()
+    return {
+        "weights": spec.weights(),
+        "policy": spec.policy,
+        "sticky_header": spec.sticky_header,
+        "mirror": data["mirror"],
+    }
+
+
+def _apply(
+    actor: Any,
+    route: Route,
+    router: TrafficRouter,
+    spec: RouteSpec,
+    meaning: dict[str, dict[str, Any]],
+    asked: dict[str, int],
+    reason: str,
+) -> Route:
+    wanted = spec.to_json()
+    already = route.state == Route.State.IN_FORCE and route.spec == wanted
+    before = in_force(route)
+    try:
+        result = router.apply(spec)
+    except RouteSpecError as exc:
+        # What this router cannot express (a Gateway API route has no sticky policy, say):
+        # refused before anything was sent.
+        raise _spec_refusal(exc) from None
+    except (AdapterError, OSError) as exc:
+        message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
+        _record_failure(actor, route, spec, meaning, asked, reason, message, before)
+        raise RouteFailed(
+            f"the router refused the change; the route in force is unchanged: {message}",
+            field=ROUTE,
+        ) from None
+    if already and not result.changed and not result.reloaded:
+        return route  # asked for what is in force: nothing to do, nothing to record
+    token = token_of(actor)
+    with transaction.atomic():
+        number = _next_number(route)
+        RouteRevision.objects.create(
+            route=route, number=number, spec=wanted, variants=meaning, weights=asked,
+            actor=_user(actor), actor_token=token, actor_label=audit.actor_label(actor),
+            reason=reason, result=RouteRevision.Result.APPLIED, changed=result.changed,
+            reloaded=result.reloaded, message=result.message, url=result.url,
+        )
+        mirror = spec.mirror
+        fields = {
+            "protocol": spec.protocol, "policy": spec.policy, "sticky_header": spec.sticky_header,
+            "mirror_variant": mirror.variant if mirror else "",
+            "mirror_percent": mirror.percent if mirror else 0,
+            "spec": wanted, "variants": meaning, "url": result.url,
+            "state": Route.State.IN_FORCE, "error": "", "revision": number,
+            "applied_at": timezone.now(), "updated_at": timezone.now(),
+        }
+        Route.objects.filter(pk=route.pk).update(**fields)
+        for key, value in fields.items():
+            setattr(route, key, value)
+        audit.record(
+            actor, "route_changed", route, tenant=route.deployment.tenant, before=before,
+            after={**_asked(spec), "revision": number,
+                   "result": {"changed": result.changed, "reloaded": result.reloaded,
+                              "message": result.message}},
+            reason=reason,
+        )
+    return route
+
+
+def _record_failure(
+    actor: Any,
+    route: Route,
+    spec: RouteSpec,
+    meaning: dict[str, dict[str, Any]],
+    asked: dict[str, int],
+    reason: str,
+    message: str,
+    before: dict[str, Any],
+) -> None:
+    with transaction.atomic():
+        number = _next_number(route)
+        RouteRevision.objects.create(
+            route=route, number=number, spec=spec.to_json(), variants=meaning, weights=asked,
+            actor=_user(actor), actor_token=token_of(actor), actor_label=audit.actor_label(actor),
+            reason=reason, result=RouteRevision.Result.FAILED, message=message,
+        )
+        Route.objects.filter(pk=route.pk).update(
+            state=Route.State.FAILED, error=message, updated_at=timezone.now()
+        )
+        route.state, route.error = Route.State.FAILED, message
+        audit.record(
+            actor, "route_change_failed", route, tenant=route.deployment.tenant, before=before,
+            after={**_asked(spec), "revision": number, "result": {"error": message}},
+            reason=reason,
+        )
+
+
+def _next_number(route: Route) -> int:
+    return (route.revisions.aggregate(n=Max("number"))["n"] or 0) + 1
+
+
+def _user(actor: Any) -> Any:
+    if actor is None or token_of(actor) is not None or not actor.is_authenticated:
+        return None
+    return actor
+
+
+def remove_route(actor: Any, deployment: Deployment, reason: str = "") -> Route:
+    """Take the deployment's route off the router (deployer role): its URL stops answering,
+    so its versions can be unloaded and the deployment retired. The row stays, ``removed``,
+    with its history (and the default-route tick leaves it alone); :func:`set_route` routes
+    again. RouteFailed when the router refused; nothing changes then."""
+    require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    route = Route.objects.filter(pk=deployment.pk).first()
+    if route is None:
+        raise Conflict(f"deployment {deployment.name} has no route", field=ROUTE)
+    if route.state == Route.State.REMOVED:
+        return route
+    router = router_of(deployment)
+    route, _created = _claim(deployment)
+    before = in_force(route)
+    try:
+        try:
+            existed = router.remove(route.name)
+        except (AdapterError, OSError) as exc:
+            message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
+            with transaction.atomic():
+                RouteRevision.objects.create(
+                    route=route, number=_next_number(route), actor=_user(actor),
+                    actor_token=token_of(actor), actor_label=audit.actor_label(actor),
+                    reason=reason, result=RouteRevision.Result.FAILED, message=message,
+                )
+                Route.objects.filter(pk=route.pk).update(
+                    state=Route.State.FAILED, error=message, updated_at=timezone.now()
+                )
+                audit.record(actor, "route_remove_failed", route, tenant=deployment.tenant,
+                             before=before, after={"error": message}, reason=reason)
+            raise RouteFailed(
+                f"the router refused to remove the route; it stays in force: {message}",
+                field=ROUTE,
+            ) from None
+        message = "route removed" if existed else "the router had no such route"
+        with transaction.atomic():
+            number = _next_number(route)
+            RouteRevision.objects.create(
+                route=route, number=number, actor=_user(actor), actor_token=token_of(actor),
+                actor_label=audit.actor_label(actor), reason=reason,
+                result=RouteRevision.Result.APPLIED, changed=existed, reloaded=existed,
+                message=message,
+            )
+            fields = {
+                "spec": {}, "variants": {}, "url": "", "mirror_variant": "", "mirror_percent": 0,
+                "state": Route.State.REMOVED, "error": "", "revision": number,
+                "applied_at": timezone.now(), "updated_at": timezone.now(),
+            }
+            Route.objects.filter(pk=route.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(route, key, value)
+            audit.record(actor, "route_removed", route, tenant=deployment.tenant, before=before,
+                         after={"revision": number, "result": message}, reason=reason)
+        return route
+    finally:
+        Route.objects.filter(pk=route.pk).update(claimed_until=None)
+        route.claimed_until = None
+
+
+# --------------------------------------------------------------------------------------------
+# The default route
+# --------------------------------------------------------------------------------------------
+
+
+def default_version(deployment: Deployment, ready: list[ModelLoad]) -> tuple[int, str]:
+    """The version a new route sends everything to, and why."""
+    numbers = {load.version.version for load in ready}
+    alias = Alias.objects.filter(model=deployment.model, name=PRODUCTION_ALIAS).select_related(
+        "version"
+    ).first()
+    if alias is not None and alias.version.version in numbers:
+        return alias.version.version, f"the {PRODUCTION_ALIAS} alias"
+    return max(numbers), "the newest ready version"
+
+
+def ensure_route(actor: Any, deployment: Deployment, reason: str = "") -> tuple[Route, bool]:
+    """The deployment's route, made when it has none: 100% to :func:`default_version`.
+
+    Returns (route, made now). ``actor`` None is the system (the beat task); anyone else
+    needs the deployer role. A Conflict on ``deployment`` when no version is ready;
+    RouteFailed when the router refused it (the failed route is kept, with its message).
+    """
+    if actor is not None:
+        require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    existing = Route.objects.filter(pk=deployment.pk).first()
+    if existing is not None:
+        return existing, False
+    ready = ready_loads(deployment)
+    if not ready:
+        raise Conflict(
+            f"no version of {deployment.model.name} is ready on deployment {deployment.name}'s "
+            "servers: load one first",
+            field="deployment",
+        )
+    number, why = default_version(deployment, ready)
+    route = _set_route(actor, deployment, {number: 100},
+                       reason=reason or f"default route: all traffic to v{number}, {why}")
+    return route, True
+
+
+def ensure_routes() -> int:
+    """Give a default route to every deployment in use that has a ready version, a router and
+    no route yet (the beat tick). Returns how many it made."""
+    candidates = (
+        Deployment.objects.filter(
+            archived_at__isnull=True, route__isnull=True, loads__state=ModelLoad.State.READY
+        )
+        .filter(Q(cluster__kind=Cluster.Kind.LOCAL)
+                | Q(cluster__kind=Cluster.Kind.STATIC, cluster__router_kind=Cluster.RouterKind.NGINX)
+                | (Q(cluster__kind=Cluster.Kind.KUBERNETES) & ~Q(cluster__kube_router="")))
+        .select_related("tenant", "model", "cluster")
+        .distinct()
+    )
+    made = 0
+    for deployment in candidates:
+        try:
+            _route, created = ensure_route(None, deployment)
+        except DomainError as exc:
+            log.warning("deployment %s: no default route: %s", deployment.pk, exc.message)
+            continue
+        made += created
+    return made
+
+
+# --------------------------------------------------------------------------------------------
+# Unloads
+# --------------------------------------------------------------------------------------------
+
+
+def check_unload(deployment: Deployment, version: ModelVersion,
+                 servers: Iterable[InferenceServer]) -> None:
+    """Refuse (Conflict on ``version``) to take ``version`` off ``servers`` while the route
+    sends it traffic or mirrored copies, or while a change of the route is being applied.
+    Call it in the unload's transaction: it locks the route row until that commits."""
+    route = Route.objects.select_for_update().filter(pk=deployment.pk).first()
+    if route is None:
+        return
+    if route.claimed_until is not None and route.claimed_until > timezone.now():
+        raise Conflict(
+            "a change of the deployment's route is being applied: try again in a moment",
+            field="version",
+        )
+    server_ids = {s.pk for s in servers}
+    for variant in route.split():
+        meaning = route.variants.get(variant["name"]) or {}
+        if meaning.get("version_id") != version.pk or meaning.get("server_id") not in server_ids:
+            continue
+        if variant["weight"] > 0:
+            raise Conflict(
+                f"v{version.version} carries {variant['weight']}% of deployment "
+                f"{deployment.name}'s traffic on {meaning.get('server')}: move its traffic "
+                "first",
+                field="version",
+            )
+        if variant["mirror"]:
+            raise Conflict(
+                f"v{version.version} receives {route.mirror_percent}% of deployment "
+                f"{deployment.name}'s traffic as mirrored copies on {meaning.get('server')}: "
+                "stop the mirror first",
+                field="version",
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Clients
+# --------------------------------------------------------------------------------------------
+
+# The demo fraud scorer's input, as the demo's traffic generator sends it.
+DEFAULT_INPUT = {"name": "INPUT0", "shape": [3], "datatype": "FP32", "data": [0.1, 0.5, 2.0]}
