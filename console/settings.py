@@ -357,12 +357,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    # Filters, ordering and pages that refuse what they cannot read (fleet/api/filters.py).
+    # Filters, ordering and pages that refuse what they cannot read (console/filters.py, console/pagination.py).
     "DEFAULT_FILTER_BACKENDS": [
-        "fleet.api.filters.FilterBackend",
-        "fleet.api.filters.OrderingFilter",
+        "console.filters.FilterBackend",
+        "console.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "fleet.api.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "console.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "console.schema.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",

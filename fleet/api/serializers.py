@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -11,9 +10,9 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.utils import html
 
 from console.exceptions import Conflict, messages_by_field
+from console.serializers import StrictFieldsMixin
 from fleet.api.refs import IdOrNameField, NodeField, NotFound, lookup_node
 from fleet.inventory import kube_connection
 from fleet.models import (
@@ -32,49 +31,6 @@ from fleet.models import (
 from fleet.quota import requests as quota_requests
 from fleet.tenancy.scoping import is_platform_admin, role_in
 from fleet.tenancy.visibility import reported_models_of
-
-# Sent by the browsable API's HTML forms along with the fields.
-FORM_KEYS = frozenset({"csrfmiddlewaretoken"})
-
-
-class StrictFieldsMixin:
-    """Refuses request keys the serializer does not write, naming each one, so nothing sent
-    is silently dropped: an unknown key and a read-only one are both a 400 on that key.
-
-    In a form-encoded body, DRF reads an optional field sent empty (``tenant=``) as left out;
-    it is refused here instead, unless the field takes empty text or null (a form's way of
-    saying null). JSON bodies need no such rule: ``""`` is a value there, checked as any other.
-    """
-
-    fields: dict[str, serializers.Field]
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            refused = {
-                str(key): ["read-only; leave it out" if key in self.fields else "unknown field"]
-                for key in data
-                if key not in FORM_KEYS
-                and (key not in self.fields or self.fields[key].read_only)
-            }
-            if html.is_html_input(data):
-                refused.update({
-                    key: ["blank: give a value, or leave the field out"]
-                    for key in data
-                    if key not in refused and key in self.fields and _blank_in_form(data, key, self.fields[key])
-                })
-            if refused:
-                raise serializers.ValidationError(refused)
-        return super().to_internal_value(data)  # type: ignore[misc]
-
-
-def _blank_in_form(data: Any, key: str, field: serializers.Field) -> bool:
-    """Whether a form sends ``key`` empty where DRF would take that as leaving it out."""
-    return (
-        data.get(key) == ""
-        and not field.required
-        and not field.allow_null
-        and not getattr(field, "allow_blank", False)
-    )
 
 
 class ValidatedModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
 from console.exceptions import DomainError
+from console.filters import FilterSet
 from fleet import audit, audit_export
 from fleet.api import serializers as s
 from fleet.api.base import (
@@ -25,7 +26,7 @@ from fleet.api.base import (
     TenantScopedViewSetMixin,
     resolve_tenant,
 )
-from fleet.api.filters import AuditEventFilter, FilterSet, InferenceServerFilter
+from fleet.api.filters import AuditEventFilter, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
 from fleet.inventory import health, kube_connection
 from fleet.models import (

@@ -12,9 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.exceptions import DomainError
+from console.serializers import StrictFieldsMixin
 from fleet import webhooks
 from fleet.api.base import ADMIN_WRITES, TenantScopedViewSetMixin, resolve_tenant
-from fleet.api.serializers import StrictFieldsMixin, TenantField
+from fleet.api.serializers import TenantField
 from fleet.models import Webhook, WebhookDelivery
 
 

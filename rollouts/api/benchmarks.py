@@ -30,16 +30,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.exceptions import DomainError
+from console.filters import FilterSet, IntegerFilter, parse_integer
 from console.schema import AutoSchema
+from console.serializers import StrictFieldsMixin
 from fleet.api.base import (
     DEPLOYER_WRITES,
     MAX_IDEMPOTENCY_KEY,
     TenantScopedViewSetMixin,
     idempotency_key,
 )
-from fleet.api.filters import FilterSet, IntegerFilter, parse_integer
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
-from fleet.api.serializers import StrictFieldsMixin
 from fleet.models import InferenceServer
 from rollouts.api.rollouts import MAX_VERSION, named_at_the_top
 from rollouts.api.serializers import ModelVersionSerializer

@@ -7,7 +7,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 
-from fleet.api.filters import FilterSet
+from console.filters import FilterSet
 from rollouts.models import Deployment
 
 

@@ -26,10 +26,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.exceptions import DomainError
+from console.filters import FilterSet
+from console.serializers import StrictFieldsMixin
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
-from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
-from fleet.api.serializers import StrictFieldsMixin
 from rollouts.api.routes import HEADER, VersionWeightsField
 from rollouts.api.serializers import DecisionSerializer
 from rollouts.canary import requests as rollout

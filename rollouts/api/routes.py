@@ -21,10 +21,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.serializers import StrictFieldsMixin
 from fleet.adapters.routers.base import POLICIES, WEIGHTED
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin
 from fleet.api.refs import IdOrNameField
-from fleet.api.serializers import StrictFieldsMixin
 from rollouts.models import Deployment, Route, RouteRevision
 from rollouts.traffic import routes
 

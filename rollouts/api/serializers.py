@@ -8,13 +8,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from console.serializers import StrictFieldsMixin
 from fleet.api.refs import IdOrNameField
-from fleet.api.serializers import (
-    LabelsField,
-    StrictFieldsMixin,
-    TenantField,
-    ValidatedModelSerializer,
-)
+from fleet.api.serializers import LabelsField, TenantField, ValidatedModelSerializer
 from fleet.models import Cluster, InferenceServer
 from rollouts.api.triton_schema import TritonConfigField
 from rollouts.models import (

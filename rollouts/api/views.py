@@ -16,13 +16,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.exceptions import DomainError
+from console.filters import FilterSet, parse_integer
 from fleet.api.base import (
     DEPLOYER_WRITES,
     TenantScopedViewSetMixin,
     idempotency_key,
     resolve_tenant,
 )
-from fleet.api.filters import FilterSet, parse_integer
 from fleet.api.refs import IdOrNameFilter
 from fleet.models import Cluster, InferenceServer, Membership
 from rollouts.api import serializers as s

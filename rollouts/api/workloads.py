@@ -29,12 +29,12 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.filters import FilterSet
 from console.schema import AutoSchema
+from console.serializers import StrictFieldsMixin
 from fleet.adapters import kube_workloads as kw
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
-from fleet.api.filters import FilterSet
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
-from fleet.api.serializers import StrictFieldsMixin
 from rollouts.models import Deployment, ModelVersion, ServerWorkload
 from rollouts.workloads import requests as workloads
 

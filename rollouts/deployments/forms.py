@@ -1,6 +1,6 @@
 """Console forms. Each shapes its input, then ``save()`` calls the domain function the API calls,
 so both faces refuse the same input with the same message on the same field. Their
-``perform()`` returns the message to show the user (``fleet.forms.DomainForm``)."""
+``perform()`` returns the message to show the user (``console.forms.DomainForm``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from django import forms
 
 from console.exceptions import Conflict, DomainError
-from fleet.forms import DomainForm
+from console.forms import DomainForm
 from fleet.tenancy import namespaces
 from rollouts.benchmarks import jobs as benchmark_jobs
 from rollouts.benchmarks import results as benchmark_results

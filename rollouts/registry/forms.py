@@ -1,7 +1,7 @@
 """Console forms for the registry and deployments: register a model and its versions, set an
 alias, create and edit a deployment. Each calls the domain function the API calls
 (``rollouts.registry.versions``, ``rollouts.deployments.lifecycle``), so the console and the API refuse the same
-input with the same message on the same field (``fleet.forms.DomainForm``)."""
+input with the same message on the same field (``console.forms.DomainForm``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from django import forms
 
 from console.exceptions import DomainError
-from fleet.forms import DomainForm
+from console.forms import DomainForm
 from fleet.models import Cluster, InferenceServer, Membership, Tenant
 from fleet.tenancy.scoping import has_role
 from rollouts.deployments import lifecycle as deployments

@@ -11,8 +11,8 @@ from django.db.models import Count
 from django.test import RequestFactory
 from rest_framework.request import Request
 
+from console.pagination import PageNumberPagination
 from console.paging import paginate
-from fleet.api.pagination import PageNumberPagination
 from rollouts.models import Model
 from tests.factories import ModelFactory
 

@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from rest_framework import pagination, serializers
 from rest_framework.request import Request
 
-from fleet.api.filters import MAX_INTEGER, parse_integer
+from console.filters import MAX_INTEGER, parse_integer
 
 
 class PageNumberPagination(pagination.PageNumberPagination):

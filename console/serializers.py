@@ -1,0 +1,53 @@
+"""What holds for every serializer of the API: unknown fields are refused, by name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.utils import html
+
+
+class StrictFieldsMixin:
+    """Refuses request keys the serializer does not write, naming each one, so nothing sent
+    is silently dropped: an unknown key and a read-only one are both a 400 on that key.
+
+    In a form-encoded body, DRF reads an optional field sent empty (``tenant=``) as left out;
+    it is refused here instead, unless the field takes empty text or null (a form's way of
+    saying null). JSON bodies need no such rule: ``""`` is a value there, checked as any other.
+    """
+
+    fields: dict[str, serializers.Field]
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            refused = {
+                str(key): ["read-only; leave it out" if key in self.fields else "unknown field"]
+                for key in data
+                if key not in FORM_KEYS
+                and (key not in self.fields or self.fields[key].read_only)
+            }
+            if html.is_html_input(data):
+                refused.update({
+                    key: ["blank: give a value, or leave the field out"]
+                    for key in data
+                    if key not in refused and key in self.fields and _blank_in_form(data, key, self.fields[key])
+                })
+            if refused:
+                raise serializers.ValidationError(refused)
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+# Sent by the browsable API's HTML forms along with the fields.
+FORM_KEYS = frozenset({"csrfmiddlewaretoken"})
+
+
+def _blank_in_form(data: Any, key: str, field: serializers.Field) -> bool:
+    """Whether a form sends ``key`` empty where DRF would take that as leaving it out."""
+    return (
+        data.get(key) == ""
+        and not field.required
+        and not field.allow_null
+        and not getattr(field, "allow_blank", False)
+    )
