@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from fleet.tenancy import roles
 from fleet.tenancy.scoping import scoped_manager
 
 slug_validator = RegexValidator(
@@ -141,13 +142,8 @@ class Membership(models.Model):
     Platform admins (superusers) act as admin in every tenant.
     """
 
-    class Role(models.TextChoices):
-        VIEWER = "viewer", "Viewer"
-        DEPLOYER = "deployer", "Deployer"
-        APPROVER = "approver", "Approver"
-        ADMIN = "admin", "Admin"
-
-    RANK = {Role.VIEWER: 0, Role.DEPLOYER: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+    Role = roles.Role
+    RANK = roles.RANK
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
@@ -165,7 +161,7 @@ class Membership(models.Model):
 
     @classmethod
     def rank(cls, role: str) -> int:
-        return cls.RANK[cls.Role(role)]
+        return roles.rank(role)
 
 class APIToken(models.Model):
     """A tenant's credential for scripts and CI, acting with a fixed role in that one tenant.

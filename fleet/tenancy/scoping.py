@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Self
 from django.core.exceptions import PermissionDenied
 from django.db import models
 
+from fleet.tenancy.roles import Role, rank
+
 if TYPE_CHECKING:
     from fleet.models import APIToken, Tenant
 
@@ -69,28 +71,22 @@ def tenant_roles(user: Any) -> dict[int, str] | None:
         return None
     cache = getattr(user, "_switchyard_roles", None)
     if cache is None:
-        from fleet.models import Membership
-
-        cache = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+        cache = dict(user.memberships.values_list("tenant_id", "role"))
         user._switchyard_roles = cache
     return cache
 
 
 def role_in(user: Any, tenant: Tenant | int) -> str | None:
-    from fleet.models import Membership
-
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
     roles = tenant_roles(user)
     if roles is None:
-        return Membership.Role.ADMIN
+        return Role.ADMIN
     return roles.get(tenant_id)
 
 
 def has_role(user: Any, tenant: Tenant | int, role: str) -> bool:
-    from fleet.models import Membership
-
     held = role_in(user, tenant)
-    return held is not None and Membership.rank(held) >= Membership.rank(role)
+    return held is not None and rank(held) >= rank(role)
 
 
 def require_role(user: Any, tenant: Tenant | int, role: str) -> None:
@@ -126,13 +122,11 @@ class TenantScopedQuerySet(models.QuerySet):
 
     def with_role(self, user: Any, role: str) -> Self:
         """Only rows in tenants where ``user`` holds ``role`` or more."""
-        from fleet.models import Membership
-
         roles = tenant_roles(user)
         if roles is None:
             return self.all()
-        wanted = Membership.rank(role)
-        ids = [tid for tid, held in roles.items() if Membership.rank(held) >= wanted]
+        wanted = rank(role)
+        ids = [tid for tid, held in roles.items() if rank(held) >= wanted]
         return self.filter(**{f"{self.tenant_path}__in": ids})
 
 
