@@ -126,7 +126,8 @@ def run_wrk(url: str, concurrency: int, seconds: float, script: Path) -> dict[st
 
 def run_engine(url: str, concurrency: int, seconds: float) -> dict[str, float]:
     """One engine level (closed loop); raises when any request failed."""
-    from rollouts.benchmarks.engine import Level, Target, run_level
+    from rollouts.benchmarks.engine import run_level
+    from rollouts.benchmarks.level import Level, Target
 
     target = Target(kind="triton_http", url=url, model=MODEL, version=VERSION, bodies=(BODY,),
                     timeout_s=10.0)

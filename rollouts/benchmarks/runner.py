@@ -36,6 +36,7 @@ import redis
 from fleet.adapters import metrics
 from fleet.adapters.base import AdapterError
 from rollouts.benchmarks import engine, sweep
+from rollouts.benchmarks.level import LLM_KINDS, STOP_POLL_S, Level, Target
 
 KEY_TTL_S = 24 * 3600
 ALIVE_TTL_S = 5
@@ -67,7 +68,7 @@ class Reporter:
                     beat = now
             except redis.RedisError:
                 pass  # the next look tries again; the run itself needs no Redis
-            self._stop.wait(engine.STOP_POLL_S)
+            self._stop.wait(STOP_POLL_S)
 
     def stop(self) -> bool:
         return self.cancelled
@@ -87,9 +88,9 @@ class Reporter:
         self.client.delete(self.key("alive"))
 
 
-def target_of(spec: dict[str, Any]) -> engine.Target:
+def target_of(spec: dict[str, Any]) -> Target:
     raw = spec["target"]
-    return engine.Target(
+    return Target(
         kind=raw["kind"], url=raw["url"], model=raw["model"], version=raw.get("version", ""),
         bodies=tuple(base64.b64decode(b) for b in raw.get("bodies", [])),
         timeout_s=float(raw.get("timeout_s", 30.0)),
@@ -220,7 +221,7 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
     plan = sweep.Plan.from_json(spec["plan"])
     slo = sweep.Slo.from_json(spec.get("slo") or {})
     base = spec.get("level") or {}
-    level_proto = engine.Level(
+    level_proto = Level(
         mode=plan.mode, value=0, duration_s=float(base.get("duration_s", 10)),
         warmup_s=float(base.get("warmup_s", 2)), max_requests=int(base.get("max_requests", 0)),
     )
@@ -228,7 +229,7 @@ def run(spec: dict[str, Any], reporter: Reporter) -> dict[str, Any]:
     server = spec.get("server") or {}
     overhead = client_overhead_ms(server["probe_url"]) if server.get("probe_url") else None
     results: list[dict[str, Any]] = []
-    if target.kind in engine.LLM_KINDS:
+    if target.kind in LLM_KINDS:
         # Imported now, not when the first level starts its clock (~0.2 s): the server's
         # window, scheduled from here, must open when the client's does.
         import aiohttp  # noqa: F401

@@ -19,16 +19,10 @@ from collections import Counter
 
 import pytest
 
-from rollouts.benchmarks import engine
-from rollouts.benchmarks.engine import (
-    KINDS,
-    Level,
-    Tally,
-    Target,
-    percentiles,
-    run_level,
-    summarize,
-)
+from rollouts.benchmarks import engine, lean_http
+from rollouts.benchmarks.engine import run_level
+from rollouts.benchmarks.level import KINDS, RECONNECT_PAUSE_S, Level, Tally, Target
+from rollouts.benchmarks.stats import percentiles, summarize
 
 MODEL = "fraud-scorer"
 SLEEP_S = 0.004  # fraud-scorer v1's simulated service time (one instance)
@@ -164,9 +158,9 @@ STREAM = b"".join(r for r, _, _ in RESPONSES)
 EXPECTED = [(status, raw if keep else b"") for raw, status, keep in RESPONSES]
 
 
-def feed(pieces: list[bytes]) -> tuple[FakeDriver, engine._HttpConnection]:
+def feed(pieces: list[bytes]) -> tuple[FakeDriver, lean_http.HttpConnection]:
     driver = FakeDriver()
-    conn = engine._HttpConnection(driver)  # type: ignore[arg-type]
+    conn = lean_http.HttpConnection(driver)  # type: ignore[arg-type]
     for piece in pieces:
         conn.data_received(piece)
     return driver, conn
@@ -369,7 +363,7 @@ def test_a_dead_port_gives_connect_errors_and_no_hang(mode, value):
     tries = out["errors"]["connect"]
     if mode == "concurrency":
         # Each slot tries again every RECONNECT_PAUSE_S, and a try counts once, inside the window.
-        assert tries <= value * (level.duration_s / engine.RECONNECT_PAUSE_S + 1), tries
+        assert tries <= value * (level.duration_s / RECONNECT_PAUSE_S + 1), tries
     else:  # one try per arrival: 50 expected, +-50% is seven standard deviations
         assert abs(tries - value * level.duration_s) <= 0.5 * value * level.duration_s, tries
 

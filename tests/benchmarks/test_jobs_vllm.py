@@ -44,7 +44,7 @@ import pytest
 
 from fleet.adapters.metrics import Counters, Histogram, scrape
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from rollouts.benchmarks import engine, jobs
+from rollouts.benchmarks import coroutine_drivers, jobs
 from rollouts.benchmarks.runner import server_summary
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.factories import (
@@ -286,10 +286,10 @@ def test_server_view_of_a_window_across_a_restart_is_unavailable():
 
 
 def test_stream_lines():
-    assert engine._stream_chunks(b": keep-alive\n") is None
-    assert engine._stream_chunks(b"\n") is None
-    assert engine._stream_chunks(b"data: [DONE]\n") == {"done": True}
-    assert engine._stream_chunks(b'data: {"choices": []}\n') == {"choices": []}
-    with pytest.raises(engine._RequestFailed) as failed:
-        engine._stream_chunks(b"data: {truncated\n")
+    assert coroutine_drivers._stream_chunks(b": keep-alive\n") is None
+    assert coroutine_drivers._stream_chunks(b"\n") is None
+    assert coroutine_drivers._stream_chunks(b"data: [DONE]\n") == {"done": True}
+    assert coroutine_drivers._stream_chunks(b'data: {"choices": []}\n') == {"choices": []}
+    with pytest.raises(coroutine_drivers._RequestFailed) as failed:
+        coroutine_drivers._stream_chunks(b"data: {truncated\n")
     assert failed.value.kind == "bad_stream"
