@@ -22,11 +22,11 @@ import psutil
 from django.conf import settings
 from django.db import transaction
 
-from fleet.adapters.vllm_roll import host_pidfile, stop_from_pidfile
 from fleet.models import Cluster, InferenceServer, Node
 from local import nginx_supervisor
 from local import triton as triton_local
 from local import vllm as vllm_local
+from local.vllm_roll import host_pidfile, stop_from_pidfile
 
 CLUSTER_NAME = "local"
 SERVER_NAME = "triton-local"

@@ -10,11 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_APPS = ("fleet", "rollouts", "console")
-# The modules allowed to run servers on this host, and why. Everything else must work for any
-# server, wherever it runs, through the adapters that fleet/inventory/runtimes.py picks.
-LOCAL_RUNTIME_USERS = {
-    "fleet/adapters/vllm_roll.py": "rolls the vLLM process of a local-cluster server",
-}
+# No product module runs servers on this host: every one works for any server, wherever it
+# runs, through the adapters that fleet/inventory/runtimes.py picks. What the local app runs
+# plugs in from its side (local/apps.py registers the local cluster's vLLM roller).
 LOCAL_CLUSTER_USERS: dict[str, str] = {}
 
 
@@ -73,9 +71,18 @@ def _is_local_cluster(name: str) -> bool:
     return name == "local.cluster"
 
 
-def test_only_the_local_cluster_and_the_demo_start_servers_on_this_host():
-    assert _importers(_is_local_runtime) <= set(LOCAL_RUNTIME_USERS)
-    assert all((ROOT / rel).is_file() for rel in LOCAL_RUNTIME_USERS)
+def test_no_product_module_imports_the_local_app():
+    """Not even inside a function: the local app plugs into the product, never the reverse."""
+    assert _importers(_is_local_runtime) == set()
+
+
+def test_the_local_app_registers_its_vllm_roller():
+    from fleet.inventory.runtimes import base_model_roller
+    from fleet.models import Cluster
+    from local.vllm_roll import roll_runtime_for
+
+    assert base_model_roller(Cluster.Kind.LOCAL) is roll_runtime_for
+    assert base_model_roller(Cluster.Kind.STATIC) is None
 
 
 def test_only_its_command_and_the_demo_use_the_local_cluster():

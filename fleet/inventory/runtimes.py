@@ -1,11 +1,20 @@
-"""Which adapter serves which server: the one place that maps fleet rows to adapters."""
+"""Which adapter serves which server: the one place that maps fleet rows to adapters.
+
+A base-model version of vLLM rolls the server's process, which only a machine that can start
+that process does. The app that runs servers of a cluster kind registers its roller for that
+kind (``register_base_model_roller``, the ``local`` app for the local cluster in its
+``ready()``); the product knows the interface, never the implementation.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from fleet.adapters.base import AdapterError, ArtifactStore, ServerRuntime
 from fleet.models import Cluster, InferenceServer
@@ -36,6 +45,33 @@ def _store(
     )
 
 
+class BaseModelRoller(Protocol):
+    """Builds the runtime that rolls ``server``'s vLLM process to a new base-model version;
+    ``on_switch(http_url, pid)`` is called once the new process answers, before the old one
+    stops."""
+
+    def __call__(
+        self, server: InferenceServer, *, on_switch: Callable[[str, int], None]
+    ) -> ServerRuntime: ...
+
+
+# Cluster kind -> dotted path of its BaseModelRoller, imported on first use (so registering one
+# loads nothing into a web process that never rolls a server).
+_base_model_rollers: dict[str, str] = {}
+
+
+def register_base_model_roller(cluster_kind: str, roller: str) -> None:
+    """Roll the vLLM servers of clusters of ``cluster_kind`` with the ``BaseModelRoller`` at
+    the dotted path ``roller``."""
+    _base_model_rollers[cluster_kind] = roller
+
+
+def base_model_roller(cluster_kind: str) -> BaseModelRoller | None:
+    """The roller registered for ``cluster_kind``, or None when no app rolls its servers."""
+    roller = _base_model_rollers.get(cluster_kind)
+    return import_string(roller) if roller else None
+
+
 def runtime_for(server: InferenceServer, *, lora: bool = False) -> ServerRuntime:
     """The runtime adapter that loads versions onto ``server``."""
     timeout = settings.SWITCHYARD_LOAD_TIMEOUT_S
@@ -57,12 +93,9 @@ def runtime_for(server: InferenceServer, *, lora: bool = False) -> ServerRuntime
 
         adapters = Path(server.model_repository or settings.DATA_DIR / "vllm-adapters" / server.name)
         return VLLMAdapterRuntime(server.http_url, adapters, timeout=timeout)
-    if server.runtime == InferenceServer.Runtime.VLLM and server.cluster.kind == Cluster.Kind.LOCAL:
-        from fleet.adapters.vllm_roll import for_host_server
-
-        return for_host_server(
-            settings.DATA_DIR, server.name, on_switch=lambda url, pid: _moved(server.pk, url)
-        )
+    roller = base_model_roller(server.cluster.kind) if server.runtime == InferenceServer.Runtime.VLLM else None
+    if roller is not None:
+        return roller(server, on_switch=lambda url, pid: _moved(server.pk, url))
     raise AdapterError(
         f"base-model versions of vLLM roll the server process, which Switchyard does on local "
         f"clusters only (server {server.name} is in a {server.cluster.kind} cluster)",

@@ -5,7 +5,9 @@ base-model version starts a new server process for it, and only once that one an
 ``/health`` is the old process retired (``on_switch`` tells the caller where the new one
 listens). Unloading stops the process. A JSON pidfile per server records which process
 serves which model folder; it makes every call idempotent and lets another process (a new
-worker, ``local_cluster down``) find and stop the server. Plain Python: no Django.
+worker, ``local_cluster down``) find and stop the server. ``roll_runtime_for`` is the
+local cluster's roller, which the local app registers with the product
+(``fleet.inventory.runtimes.register_base_model_roller``) in its ``ready()``.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
 
 from fleet.adapters.base import READY, AdapterError, LoadedVersion
 from fleet.adapters.triton_runtime import safe_extract
 from local import processes
 from local import vllm as vllm_local
+
+if TYPE_CHECKING:
+    from fleet.models import InferenceServer
 
 SwitchFn = Callable[[str, int], None]  # (new http_url, new pid)
 
@@ -167,3 +175,9 @@ def for_host_server(data_dir: Path, server_name: str, *, on_switch: SwitchFn) ->
         root / "logs",
         on_switch=on_switch,
     )
+
+
+def roll_runtime_for(server: InferenceServer, *, on_switch: SwitchFn) -> VLLMRollRuntime:
+    """The roller of a local-cluster vLLM server (a ``BaseModelRoller``): its process runs on
+    this host, from the settings' data folder."""
+    return for_host_server(settings.DATA_DIR, server.name, on_switch=on_switch)
