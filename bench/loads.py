@@ -16,7 +16,7 @@ Every run uses fresh model names, so every load is a real load on the server:
   same full config + wait READY, and ``unload_model`` + wait UNAVAILABLE, for another model
   whose files were put into the repository folder beforehand.
 
-The reconciler is driven in-process (``loads.advance`` in a tight loop; no Celery, no broker),
+The reconciler is driven in-process (``rollouts.loads.reconciler.advance`` in a tight loop; no Celery, no broker),
 so the numbers are Switchyard's own overhead over the same server calls, not queueing delay.
 """
 
@@ -224,13 +224,13 @@ SPANS = Spans()
 
 def drive(load_id: int, until: str) -> None:
     """Advance the load in a tight loop until it reaches ``until`` (bounded)."""
-    from rollouts.loads import requests as loads
+    from rollouts.loads import reconciler
     from rollouts.models import ModelLoad
 
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while True:
         check_stop()
-        state = loads.advance(load_id)
+        state = reconciler.advance(load_id)
         if state == until:
             return
         if state is None:  # not claimable now (backing off, or already settled)
@@ -437,7 +437,7 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
 
     from django.db import connections
 
-    from rollouts.loads import requests as loads
+    from rollouts.loads import reconciler
 
     spans = SPANS
     connection = connections["default"]
@@ -445,7 +445,7 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
     stack.enter_context(connection.execute_wrapper(spans.sql))
     for owner, method, label in [
         (connection, "_commit", "db"),
-        (loads, "artifact_store_for", "store_setup"),
+        (reconciler, "artifact_store_for", "store_setup"),
         (S3ArtifactStore, "fetch", "fetch"),
         (TritonServerRuntime, "place", "place"),
         (TritonServerRuntime, "load", "triton_load"),

@@ -122,13 +122,13 @@ class Reconciler:
 
     def step(self) -> None:
         from rollouts.canary import requests as rollout
-        from rollouts.loads import requests as loads
+        from rollouts.loads import reconciler as load_reconciler
         from rollouts.models import ModelLoad
 
         busy = False
         for load_id in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT).values_list(
                 "pk", flat=True):
-            busy = loads.advance(load_id) is not None or busy
+            busy = load_reconciler.advance(load_id) is not None or busy
         while self.sent:
             self._task(self.sent.popleft())
         now = time.monotonic()
@@ -439,6 +439,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
     from local.triton import server_version
     from rollouts.canary.requests import ANALYSIS_DEFAULTS
+    from rollouts.loads import reconciler as load_reconciler
     from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad
     from rollouts.traffic import routes
@@ -465,7 +466,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     say(f"loading v{BASELINE} ({args.connections} instances) and routing the deployment…")
     v1 = world.version(BASELINE)
     rows, _ = loads.request_load(world.user, world.deployment, v1)
-    if loads.run_to_end(rows[0].pk).state != ModelLoad.State.READY:
+    if load_reconciler.run_to_end(rows[0].pk).state != ModelLoad.State.READY:
         raise RuntimeError(f"v{BASELINE} did not load: {ModelLoad.objects.get(pk=rows[0].pk).error}")
     route, _ = routes.ensure_route(world.user, world.deployment)
 

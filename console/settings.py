@@ -183,7 +183,7 @@ SWITCHYARD_DEMO_PASSWORD = "" if PRODUCTION else env_str("SWITCHYARD_DEMO_PASSWO
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# Model loads (rollouts/loads/requests.py): artifacts from S3, a lease per claimed load, retries.
+# Model loads (rollouts/loads/reconciler.py): artifacts from S3, a lease per claimed load, retries.
 SWITCHYARD_S3_ENDPOINT_URL = env_str("SWITCHYARD_S3_ENDPOINT_URL", "") or None
 SWITCHYARD_S3_REGION = env_str("SWITCHYARD_S3_REGION", "us-east-1")
 # Unset: boto3's own chain (AWS_ACCESS_KEY_ID, instance roles, ~/.aws).

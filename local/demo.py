@@ -24,6 +24,7 @@ from fleet import audit
 from fleet.models import GPU, Cluster, Cohort, InferenceServer, Membership, Node, Quota, Tenant
 from local import cluster as local_cluster
 from local.triton import DEMO_MODELS_DIR
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
 
@@ -129,12 +130,12 @@ def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
     The local servers start empty, so loads remembered from an earlier run are released first.
     """
     server = local_cluster.register_configured()
-    loads.forget_server_state(server, "the local Triton restarted with an empty repository")
+    load_reconciler.forget_server_state(server, "the local Triton restarted with an empty repository")
     vllm = InferenceServer.objects.filter(
         cluster=server.cluster, name=local_cluster.VLLM_SERVER_NAME
     ).first()
     if vllm is not None:
-        loads.forget_server_state(vllm, "the local vLLM restarted")
+        load_reconciler.forget_server_state(vllm, "the local vLLM restarted")
     started: list[ModelLoad] = []
     for deployment in Deployment.objects.filter(cluster=server.cluster).select_related("model", "tenant"):
         on_vllm = deployment.servers.filter(runtime=InferenceServer.Runtime.VLLM).exists()

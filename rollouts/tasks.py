@@ -7,7 +7,7 @@ from celery import Task, shared_task
 from rollouts.benchmarks import jobs as benchmark_jobs
 from rollouts.canary import requests as rollout
 from rollouts.loads import drift
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.traffic import latency, routes
 from rollouts.workloads import reconciler as workload_reconciler
@@ -17,7 +17,7 @@ from rollouts.workloads import reconciler as workload_reconciler
 def advance_load(self: Task, load_id: int) -> None:
     """One step of a load; the next step is enqueued at once (on the same queue) while it
     makes progress. Beat's reconcile_loads catches whatever this chain loses."""
-    state = loads.advance(load_id)
+    state = load_reconciler.advance(load_id)
     if state in ModelLoad.IN_FLIGHT:
         queue = (self.request.delivery_info or {}).get("routing_key")
         advance_load.apply_async((load_id,), queue=queue)
@@ -28,7 +28,7 @@ def reconcile_loads() -> int:
     """Beat tick: mark lost what the servers no longer report (drift), then advance every load
     in flight that no worker holds (lost workers included)."""
     drift.reconcile_all()
-    due = loads.due_loads()
+    due = load_reconciler.due_loads()
     for load_id in due:
         advance_load.delay(load_id)
     return len(due)

@@ -58,6 +58,8 @@ from rollouts.benchmarks.specs import (
     slo_for,
     spec_for,
 )
+from rollouts.loads import demand
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion
 
@@ -93,7 +95,7 @@ def _check_quota(deployment: Deployment, version: ModelVersion, server: Inferenc
         return
     device_class = quota.device_class_of(server)
     for override in configs or [None]:
-        units, memory = loads.demand_of(version, device_class, full_config(version, override))
+        units, memory = demand.demand_of(version, device_class, full_config(version, override))
         decision = quota.assess(deployment.tenant, device_class, units, memory)
         if not decision.admitted:
             raise QuotaExceeded(f"config {config_label(override)} of v{version.version}: "
@@ -629,7 +631,7 @@ def run_to_end(job_id: int, *, max_ticks: int = 2000, tick_s: float = 0.2) -> Be
         if job.state in BenchmarkJob.FINAL:
             return job
         if job.load_id:
-            loads.advance(job.load_id)
+            load_reconciler.advance(job.load_id)
         _state, again = advance(job_id)
         if not again:
             time.sleep(tick_s)

@@ -67,6 +67,7 @@ from fleet.tenancy.scoping import require_role, token_of
 from fleet.tenancy.tokens import person_id
 from rollouts import leases
 from rollouts.canary import analysis
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import (
     Deployment,
@@ -1394,7 +1395,7 @@ def run_to_end(rollout_id: int, *, max_ticks: int = 600, tick_s: float = 0.25,
         ):
             return rollout
         for load_id in rollout.load_ids:
-            loads.advance(load_id)
+            load_reconciler.advance(load_id)
         _state, again = advance(rollout_id, force=True)
         if not again:
             time.sleep(tick_s)

@@ -31,7 +31,7 @@ from fleet.adapters.base import READY, AdapterError
 from fleet.adapters.vllm import adapter_name
 from fleet.inventory.runtimes import runtime_for
 from fleet.models import InferenceServer
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler
 from rollouts.models import ModelLoad, ModelVersion
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def reconcile_server(server: InferenceServer) -> list[ModelLoad]:
         for drift in drifted(server, _ready_loads(server)):
             if drift.load.version.model_id in busy:
                 continue
-            if loads.mark_lost(drift.load, drift.reason):
+            if reconciler.mark_lost(drift.load, drift.reason):
                 log.warning("load %s: %s", drift.load.pk, drift.reason)
                 lost.append(drift.load)
     return lost
@@ -194,7 +194,7 @@ def check_configs(server: InferenceServer) -> list[ModelLoad]:
                 continue
             why = (f"{server.name} runs v{load.version.version} with another config than the "
                    "one it was loaded with (changed outside Switchyard, or restarted?)")
-            if loads.refresh_served_config(load, served.config_hash, served.config, why, verb="drifted"):
+            if reconciler.refresh_served_config(load, served.config_hash, served.config, why, verb="drifted"):
                 changed.append(load)
     return changed
 

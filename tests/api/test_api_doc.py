@@ -44,7 +44,7 @@ from fleet.tenancy import tokens
 from local import demo
 from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
 from local.triton import start_triton, write_demo_repository
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler
 from rollouts.models import ModelLoad
 from rollouts.traffic import latency, routes
 from tests.fixtures import sent_tasks
@@ -316,7 +316,7 @@ class Demo:
             # The worker carries out the loads (and unloads); beat then routes a deployment
             # whose first version is ready.
             for row in body:
-                settled = loads.run_to_end(row["id"], max_steps=40)
+                settled = reconciler.run_to_end(row["id"], max_steps=40)
                 assert settled.state not in ModelLoad.IN_FLIGHT, f"load {row['id']} did not settle"
             routes.ensure_routes()
         if step.method == "POST" and APPROVE.fullmatch(path) and status == 403:
@@ -370,7 +370,7 @@ def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route
     sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", lambda rollout_id: None)
     try:
         for load in demo.request_demo_loads():
-            assert loads.run_to_end(load.pk, max_steps=40).state == ModelLoad.State.READY
+            assert reconciler.run_to_end(load.pk, max_steps=40).state == ModelLoad.State.READY
         routes.ensure_routes()
         # alice makes the admin token on the console's API tokens page.
         alice = get_user_model().objects.get(username="alice")

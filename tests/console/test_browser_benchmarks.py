@@ -18,7 +18,7 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from rollouts.benchmarks import jobs
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.console.test_browser import screenshot
 from tests.fixtures import sent_tasks
@@ -89,7 +89,7 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
             if row.state in BenchmarkJob.FINAL:
                 break
             if row.load_id:
-                loads.advance(row.load_id)
+                load_reconciler.advance(row.load_id)
             _state, again = jobs.advance(job.pk)
             if not again:
                 time.sleep(0.2)
@@ -176,6 +176,6 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
         for load in ModelLoad.objects.filter(server=world.server,
                                              state__in=[ModelLoad.State.UNLOADING,
                                                         *ModelLoad.IN_FLIGHT]):
-            loads.run_to_end(load.pk)
+            load_reconciler.run_to_end(load.pk)
         next(made_world, None)
     assert errors == []

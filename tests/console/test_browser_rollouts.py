@@ -21,6 +21,7 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from rollouts.canary import requests as rollout_domain
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, ModelLoad, Rollout, Route
 from rollouts.traffic import routes
@@ -70,7 +71,7 @@ def test_a_deployer_walks_a_canary_from_the_console_to_promotion(
     try:
         v1 = world.version(1)
         rows, _ = loads.request_load(world.user, world.deployment, v1)
-        assert loads.run_to_end(rows[0].pk).state == ModelLoad.State.READY
+        assert load_reconciler.run_to_end(rows[0].pk).state == ModelLoad.State.READY
         route, _ = routes.ensure_route(world.user, world.deployment)
         world.version(2)
         AliasFactory(model=world.model, version=v1, name="production")
@@ -145,7 +146,7 @@ def test_a_deployer_walks_a_canary_from_the_console_to_promotion(
         collector.stop()
         # v1 is unloaded once v2 carries everything: let that finish on the shared Triton.
         for load in ModelLoad.objects.filter(server=world.server, state=ModelLoad.State.UNLOADING):
-            loads.run_to_end(load.pk)
+            load_reconciler.run_to_end(load.pk)
         # The route lets nothing unload while it sends a version traffic: drop it first.
         Route.objects.filter(pk=world.deployment.pk).delete()
         next(made_world, None)

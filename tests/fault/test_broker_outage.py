@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
     ClusterFactory,
@@ -89,7 +89,7 @@ def test_a_load_request_with_the_broker_down_is_accepted_and_left_to_the_reconci
         [body] = response.json()
         assert body["state"] == "pending"
         assert down_s < healthy_s + REFUSED_PUBLISH_S + SLACK_S, (down_s, healthy_s)
-        assert body["id"] in loads.due_loads()
+        assert body["id"] in reconciler.due_loads()
 
         # The broker returns (empty: it kept nothing): the next request reaches the queue again.
         redis_server.start()
@@ -112,7 +112,7 @@ def test_a_load_request_with_a_hung_broker_is_answered_within_the_publish_timeou
     assert response.status_code == 202, response.content
     [body] = response.json()
     assert ModelLoad.objects.get(pk=body["id"]).state == "pending"
-    assert body["id"] in loads.due_loads()
+    assert body["id"] in reconciler.due_loads()
     assert hung_s < healthy_s + HUNG_PUBLISH_S + SLACK_S, (hung_s, healthy_s)
 
 
@@ -133,4 +133,4 @@ def test_console_load_and_unload_forms_with_the_broker_down_redirect_as_usual(
     assert (loaded.status_code, unloaded.status_code) == (302, 302)
     load.refresh_from_db()
     assert load.state == ModelLoad.State.UNLOADING
-    assert load.pk in loads.due_loads()
+    assert load.pk in reconciler.due_loads()

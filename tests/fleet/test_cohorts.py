@@ -12,6 +12,7 @@ from django.utils import timezone
 from console.exceptions import Conflict, QuotaExceeded
 from fleet.models import Cohort, Placement
 from fleet.quota import admission as quota
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.factories import (
@@ -171,7 +172,7 @@ def ready_load(tenant, server, units, memory, priority=0):
 
 def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits_for_it(
         cpu_pool, monkeypatch):
-    monkeypatch.setattr(loads, "demand_of", lambda version, device_class, config: (1, 1024))
+    monkeypatch.setattr(reconciler, "demand_of", lambda version, device_class, config: (1, 1024))
     _, lender, borrower, server = cpu_pool
     ready_load(borrower, server, 1, 1024, priority=5)  # in its own quota
     keep = ready_load(borrower, server, 1, 1024, priority=5)  # borrowed
@@ -185,7 +186,7 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
         tenant=lender, deployment=deployment, server=server,
         version=ModelVersionFactory(model=deployment.model), requested_by_label="ci")
 
-    loads.advance(wanted.pk)
+    reconciler.advance(wanted.pk)
 
     wanted.refresh_from_db()
     cheap.refresh_from_db()
@@ -204,7 +205,7 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
     quota.release(cheap.placement)
     ModelLoad.objects.filter(pk=cheap.pk).update(state="unloaded")
     ModelLoad.objects.filter(pk=wanted.pk).update(next_attempt_at=None)
-    loads.advance(wanted.pk)
+    reconciler.advance(wanted.pk)
     wanted.refresh_from_db()
     assert wanted.state == "admitted"
     assert wanted.placement.borrowed_units == 0
@@ -213,7 +214,7 @@ def test_by_policy_the_lowest_priority_borrower_is_unloaded_and_the_lender_waits
 def test_a_borrower_that_keeps_its_placement_is_not_named_to_the_lender(cpu_pool, monkeypatch):
     """The borrower's version still serves route traffic: it is kept, and the lender's
     history says so without the refusal's text, which names the borrower's deployment."""
-    monkeypatch.setattr(loads, "demand_of", lambda version, device_class, config: (1, 1024))
+    monkeypatch.setattr(reconciler, "demand_of", lambda version, device_class, config: (1, 1024))
     _, lender, borrower, server = cpu_pool
     ready_load(borrower, server, 1, 1024)  # in its own quota
     ready_load(borrower, server, 1, 1024, priority=5)  # borrowed
@@ -230,7 +231,7 @@ def test_a_borrower_that_keeps_its_placement_is_not_named_to_the_lender(cpu_pool
         tenant=lender, deployment=deployment, server=server,
         version=ModelVersionFactory(model=deployment.model), requested_by_label="ci")
 
-    loads.advance(wanted.pk)
+    reconciler.advance(wanted.pk)
 
     busy.refresh_from_db()
     assert busy.state == "ready"
@@ -241,7 +242,7 @@ def test_a_borrower_that_keeps_its_placement_is_not_named_to_the_lender(cpu_pool
 
 
 def test_a_lender_that_waited_too_long_fails_with_the_refusal(cpu_pool, monkeypatch, settings):
-    monkeypatch.setattr(loads, "demand_of", lambda version, device_class, config: (1, 1024))
+    monkeypatch.setattr(reconciler, "demand_of", lambda version, device_class, config: (1, 1024))
     _, lender, borrower, server = cpu_pool
     for _ in range(3):
         ready_load(borrower, server, 1, 1024)
@@ -253,7 +254,7 @@ def test_a_lender_that_waited_too_long_fails_with_the_refusal(cpu_pool, monkeypa
     ModelLoad.objects.filter(pk=wanted.pk).update(
         created_at=timezone.now() - timedelta(seconds=settings.SWITCHYARD_RECLAIM_WAIT_S + 1))
 
-    loads.advance(wanted.pk)
+    reconciler.advance(wanted.pk)
 
     wanted.refresh_from_db()
     assert wanted.state == "failed"

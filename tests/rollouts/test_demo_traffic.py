@@ -10,6 +10,7 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, Route
 from rollouts.traffic import routes
@@ -26,7 +27,7 @@ def test_bad_arguments_and_no_route_are_refused_with_a_reason(db):
 @pytest.mark.django_db(transaction=True)
 def test_it_sends_about_the_rate_asked_for_and_stops_by_itself(world, use_route_nginx):
     rows, _ = loads.request_load(world.user, world.deployment, world.version(1))
-    assert loads.run_to_end(rows[0].pk).state == ModelLoad.State.READY
+    assert reconciler.run_to_end(rows[0].pk).state == ModelLoad.State.READY
     routes.ensure_route(world.user, world.deployment)
     out = io.StringIO()
     started = time.monotonic()

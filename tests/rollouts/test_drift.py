@@ -35,7 +35,7 @@ from fleet.inventory import health
 from fleet.models import AuditEvent, InferenceServer, Placement
 from local.triton import TritonProcess, TritonRuntime, start_triton
 from rollouts import tasks
-from rollouts.loads import drift
+from rollouts.loads import drift, reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.factories import (
@@ -178,7 +178,7 @@ def test_a_triton_restarted_empty_loses_its_loads_and_a_new_request_loads_again(
 
     rows, created = loads.request_load(world.user, world.deployment, v1)
     assert created and [r.pk for r in rows] != [load.pk]
-    again = loads.run_to_end(rows[0].pk)
+    again = reconciler.run_to_end(rows[0].pk)
     assert again.state == State.READY, again.error
     assert index_state(world.triton, world.served) == {"1": "READY"}
     assert held(world) == (1, 64)
@@ -205,7 +205,7 @@ def _worker_dies_once_the_load_is_sent(load_id: int) -> None:
     # parent until it makes its own (what gevent's own fork does).
     gevent.reinit()
     TritonServerRuntime._wait_ready = die
-    loads.advance(load_id)
+    reconciler.advance(load_id)
 
 
 @pytest.mark.triton
@@ -223,7 +223,7 @@ def test_a_load_whose_worker_died_is_taken_over_within_a_lease_and_a_tick(world,
     rows, _ = loads.request_load(world.user, world.deployment, v1)
     load_id = rows[0].pk
     while ModelLoad.objects.get(pk=load_id).state != State.LOADING:  # admit, fetch, place
-        assert loads.advance(load_id) is not None
+        assert reconciler.advance(load_id) is not None
 
     connections.close_all()  # the child opens its own connection
     child = multiprocessing.get_context("fork").Process(
@@ -251,7 +251,7 @@ def test_a_load_whose_worker_died_is_taken_over_within_a_lease_and_a_tick(world,
         enqueued_loads.clear()
         tasks.reconcile_loads()
         for due in enqueued_loads:
-            loads.advance(due)
+            reconciler.advance(due)
         state = ModelLoad.objects.get(pk=load_id).state
         if started < stuck.lease_expires_at:
             assert state == State.LOADING  # nobody steps in while the dead worker's lease holds
@@ -297,9 +297,9 @@ def test_an_unexpected_error_in_a_step_fails_the_load_at_once_with_its_traceback
 
     monkeypatch.setattr(s3.S3ArtifactStore, "fetch", fetch_with_a_bug)
     rows, _ = loads.request_load(world.user, world.deployment, world.version(1))
-    assert loads.advance(rows[0].pk) == State.ADMITTED
+    assert reconciler.advance(rows[0].pk) == State.ADMITTED
 
-    assert loads.advance(rows[0].pk) == State.FAILED
+    assert reconciler.advance(rows[0].pk) == State.FAILED
 
     load = ModelLoad.objects.get(pk=rows[0].pk)
     assert load.attempts == 0 and load.next_attempt_at is None
@@ -309,7 +309,7 @@ def test_an_unexpected_error_in_a_step_fails_the_load_at_once_with_its_traceback
     assert "fetch_with_a_bug" in load.error_trace and "KeyError: 'etag'" in load.error_trace
     assert not load.events.filter(message__regex=r"retry \d+/\d+ in").exists()  # no backoff
     assert held(world) == (0, 0)
-    assert loads.advance(load.pk) is None  # settled: a tick leaves it alone
+    assert reconciler.advance(load.pk) is None  # settled: a tick leaves it alone
 
     tenant_page = _get(world.user, f"/registry/loads/{load.pk}/")
     assert "retrying cannot help" in tenant_page and "fetch_with_a_bug" not in tenant_page

@@ -16,7 +16,7 @@ from console.exceptions import Conflict
 from rollouts import leases
 from rollouts.benchmarks import jobs
 from rollouts.canary import requests as rollouts
-from rollouts.loads import requests as loads
+from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout, ServerWorkload
 from rollouts.workloads import reconciler as workload_reconciler
 from tests.factories import DeploymentFactory, InferenceServerFactory, ModelVersionFactory
@@ -155,7 +155,7 @@ def test_the_heartbeat_gives_up_after_its_maximum_and_when_taken_over():
 
 
 ADVANCE: dict[str, tuple[Any, Callable[[int], Any]]] = {
-    "load": (loads, loads.advance),
+    "load": (load_reconciler, load_reconciler.advance),
     "rollout": (rollouts, lambda pk: rollouts.advance(pk, force=True)),
     "benchmark": (jobs, jobs.advance),
     "workload": (workload_reconciler, workload_reconciler.advance),

@@ -20,6 +20,7 @@ from django.db import connections
 
 from console.exceptions import Conflict, DomainError
 from fleet.models import AuditEvent, Placement
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.rollouts.triton_world import (
@@ -51,7 +52,7 @@ def test_it_loads_a_version_from_s3_onto_triton_and_unloads_it(world):
     assert {State.ADMITTED, State.FETCHING, State.PLACING, State.LOADING} <= set(states)
 
     loads.request_unload(world.user, world.deployment, v1)
-    load = loads.run_to_end(load.pk)
+    load = reconciler.run_to_end(load.pk)
 
     assert load.state == State.UNLOADED
     assert index_state(world.triton, world.served).get("1") != "READY"
@@ -106,7 +107,7 @@ def test_an_idempotency_key_returns_the_first_answer_and_refuses_another_request
     with pytest.raises(Conflict) as refused:
         loads.request_load(world.user, world.deployment, v2, idempotency_key="ci-42")
     assert refused.value.field == "idempotency_key"
-    loads.run_to_end(rows[0].pk)
+    reconciler.run_to_end(rows[0].pk)
 
 
 def test_a_second_load_of_the_model_in_flight_is_a_conflict(world):
@@ -118,7 +119,7 @@ def test_a_second_load_of_the_model_in_flight_is_a_conflict(world):
 
     assert refused.value.field == "version"
     assert ModelLoad.objects.filter(version=v2).count() == 0
-    loads.run_to_end(rows[0].pk)
+    reconciler.run_to_end(rows[0].pk)
 
 
 def test_quota_exceeded_fails_readably_and_holds_nothing(world):
@@ -203,7 +204,7 @@ def _killed_worker(load_id: int) -> None:
 
     s3.S3ArtifactStore.fetch = fetch_then_die
     try:
-        loads.advance(load_id)
+        reconciler.advance(load_id)
     finally:
         s3.S3ArtifactStore.fetch = real_fetch
 
@@ -212,7 +213,7 @@ def test_a_worker_killed_mid_fetch_is_taken_over_and_the_load_finishes(world):
     version = world.version(1)
     rows, _ = loads.request_load(world.user, world.deployment, version)
     load_id = rows[0].pk
-    loads.advance(load_id)  # pending → admitted
+    reconciler.advance(load_id)  # pending → admitted
 
     connections.close_all()  # the child opens its own connection
     child = multiprocessing.get_context("fork").Process(target=_killed_worker, args=(load_id,))
@@ -222,9 +223,9 @@ def test_a_worker_killed_mid_fetch_is_taken_over_and_the_load_finishes(world):
 
     stuck = ModelLoad.objects.get(pk=load_id)
     assert stuck.state == State.FETCHING and stuck.lease_owner  # claimed, then abandoned
-    assert loads.advance(load_id) is None  # the lease still holds: nobody steps in yet
+    assert reconciler.advance(load_id) is None  # the lease still holds: nobody steps in yet
     time.sleep(2.2)  # the lease runs out
-    load = loads.run_to_end(load_id)
+    load = reconciler.run_to_end(load_id)
 
     assert load.state == State.READY, load.error
     assert any("took over" in e.message for e in load.events.all())

@@ -25,6 +25,8 @@ from fleet.models import InferenceServer, Membership
 from local.triton import TritonProcess, start_triton
 from rollouts import leases
 from rollouts.canary import requests as rollouts
+from rollouts.loads import reconciler as load_reconciler
+from rollouts.loads import requests as loads
 from rollouts.models import (
     Alias,
     ModelLoad,
@@ -34,7 +36,7 @@ from rollouts.models import (
     Route,
     RouteRevision,
 )
-from rollouts.traffic import samples
+from rollouts.traffic import routes, samples
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.celery_worker import CeleryWorker, database_url, forget_queue, start_worker
 from tests.fixtures.samples import CollectorProcess
@@ -112,15 +114,15 @@ def stack(world, use_route_nginx, collector, settings):
         store.delete(key)
     settings.SWITCHYARD_ROLLOUT_INTERVAL_S = 0.5
     v1 = world.version(1)
-    rows, _ = rollouts.loads.requests.request_load(world.user, world.deployment, v1)
-    assert rollouts.loads.requests.run_to_end(rows[0].pk).state == ModelLoad.State.READY
-    route, _ = rollouts.traffic.routes.ensure_route(world.user, world.deployment)
+    rows, _ = loads.request_load(world.user, world.deployment, v1)
+    assert load_reconciler.run_to_end(rows[0].pk).state == ModelLoad.State.READY
+    route, _ = routes.ensure_route(world.user, world.deployment)
     world.route_url = route.url
     world.v1 = v1
     yield world
     # Unloads a rollout asked for finish before the world takes its versions off.
     for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
-        rollouts.loads.requests.run_to_end(load.pk)
+        load_reconciler.run_to_end(load.pk)
     Route.objects.filter(pk=world.deployment.pk).delete()
 
 
@@ -189,7 +191,7 @@ def test_a_canary_30_percent_slower_by_its_config_is_rolled_back_with_the_eviden
     # The candidate is taken off again: its quota comes back.
     unload = ModelLoad.objects.filter(version=slower).order_by("-created_at").first()
     assert unload.state in (ModelLoad.State.UNLOADING, ModelLoad.State.UNLOADED)
-    rollouts.loads.requests.run_to_end(unload.pk)
+    load_reconciler.run_to_end(unload.pk)
 
 
 def test_an_identical_canary_passes_is_promoted_and_the_alias_moves(stack):
@@ -209,7 +211,7 @@ def test_an_identical_canary_passes_is_promoted_and_the_alias_moves(stack):
     assert judged.verdict == RolloutAnalysis.Verdict.PASS, judged.reasons
     # v1 is unloaded once v2 carries everything.
     old = ModelLoad.objects.filter(version=world.v1).order_by("-created_at").first()
-    rollouts.loads.requests.run_to_end(old.pk)
+    load_reconciler.run_to_end(old.pk)
     assert ModelLoad.objects.get(pk=old.pk).state == ModelLoad.State.UNLOADED
 
 
@@ -437,7 +439,7 @@ def test_a_canary_whose_own_triton_is_killed_is_rolled_back_within_ticks(stack, 
         assert set(variants_answering(world, 10)) == {"v1-triton"}
     finally:
         # The unload of v2 asked for by the rollback cannot reach the dead server.
-        rollouts.loads.requests.forget_server_state(second, "the test killed its Triton")
+        load_reconciler.forget_server_state(second, "the test killed its Triton")
         world.deployment.servers.remove(second)
         assert ModelLoad.objects.filter(version=v2, state__in=ModelLoad.IN_FLIGHT).count() == 0
 
@@ -509,7 +511,7 @@ def test_abort_goes_back_to_the_baseline_and_a_retry_starts_again_from_step_0(st
     # The candidate is unloaded (beat's load tick does it; run_to_end advances only the
     # loads a rollout asked for, not this unload).
     (unload,) = ModelLoad.objects.filter(version__model=world.model, version__version=2)
-    assert rollouts.loads.requests.run_to_end(unload.pk).state == ModelLoad.State.UNLOADED
+    assert load_reconciler.run_to_end(unload.pk).state == ModelLoad.State.UNLOADED
 
     again = rollouts.retry(world.user, aborted, reason="right day")
     assert (again.state, again.attempt, again.step_index, again.weights) == (
@@ -799,7 +801,7 @@ def test_the_benchmark_gate_rolls_back_a_canary_that_carries_less_load_before_an
     # No traffic ever reached the candidate.
     assert Route.objects.get(pk=world.deployment.pk).version_weights.get(3, 0) == 0
     for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
-        rollouts.loads.requests.run_to_end(load.pk)
+        load_reconciler.run_to_end(load.pk)
 
 
 def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):

@@ -10,6 +10,7 @@ from django.test import Client
 
 from console.templatetags.switchyard import served_state
 from fleet.models import InferenceServer
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad
 from tests.rollouts.triton_world import load_once
@@ -32,7 +33,7 @@ def test_the_servers_report_is_current_when_a_load_and_an_unload_end(world):
     assert reported(world.server, world.served) == {"1": "READY", "2": "READY"}
 
     unload = loads.request_unload(world.user, world.deployment, v1)[0]
-    assert loads.run_to_end(unload.pk).state == ModelLoad.State.UNLOADED
+    assert reconciler.run_to_end(unload.pk).state == ModelLoad.State.UNLOADED
     after = reported(world.server, world.served)
     assert after == {"1": "UNLOADED", "2": "READY"}, after
 

@@ -24,6 +24,7 @@ from fleet.models import Cluster, InferenceServer, Membership, Node
 from fleet.tenancy.scoping import served_model_name
 from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
 from local.triton import DEMO_MODELS_DIR
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion, Route
 from rollouts.traffic import latency
@@ -78,7 +79,7 @@ class Team:
         answer = self.api.post("/api/v1/loads/", {"deployment": self.deployment.pk, "version": 1},
                                format="json")
         assert answer.status_code == 202, answer.content
-        return loads.run_to_end(answer.json()[0]["id"])
+        return reconciler.run_to_end(answer.json()[0]["id"])
 
     def route(self) -> str:
         answer = self.api.put(f"/api/v1/routes/{self.deployment.pk}/",
@@ -111,7 +112,7 @@ def shared(settings, tmp_path, moto_s3, make_s3_store, local_triton, use_route_n
     for team in (acme, globex):
         for load in ModelLoad.objects.filter(deployment=team.deployment, state=ModelLoad.State.READY):
             loads.request_unload(team.user, team.deployment, load.version)
-            loads.run_to_end(load.pk)
+            reconciler.run_to_end(load.pk)
 
 
 def scores(url: str, n: int) -> set[float]:
@@ -171,7 +172,7 @@ def test_two_tenants_models_of_one_name_share_nothing_on_one_triton(shared):
                                                 "version": 1, "action": "unload"},
                              format="json")
     assert answer.status_code == 202, answer.content
-    gone = loads.run_to_end(globex_load.pk)
+    gone = reconciler.run_to_end(globex_load.pk)
     assert gone.state == ModelLoad.State.UNLOADED, gone.error
     assert index_state(triton, served_model_name("globex", NAME)).get("1") != "READY"
     assert index_state(triton, served_model_name("acme", NAME)) == {"1": "READY"}

@@ -21,7 +21,7 @@ import pytest
 from fleet.inventory import health
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership, Node, Placement
 from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
-from rollouts.loads import drift
+from rollouts.loads import drift, reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
@@ -92,7 +92,7 @@ def run(vworld, version, deployment, action: str = "load") -> ModelLoad:
         rows, _ = loads.request_load(vworld["user"], deployment, version)
     else:
         rows = loads.request_unload(vworld["user"], deployment, version)
-    return loads.run_to_end(rows[0].pk, max_steps=30)
+    return reconciler.run_to_end(rows[0].pk, max_steps=30)
 
 
 def test_a_lora_version_is_served_next_to_its_base_and_unloaded(vworld, local_vllm, lora_adapter_artifact):

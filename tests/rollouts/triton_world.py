@@ -16,6 +16,7 @@ from fleet.models import Cluster, InferenceServer, Membership, Node
 from fleet.quota.admission import usage_for
 from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
 from local.triton import DEMO_MODELS_DIR
+from rollouts.loads import reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
 from tests.factories import (
@@ -104,7 +105,7 @@ def make_world(settings, tmp_path, moto_s3, make_s3_store, local_triton) -> Iter
     # Leave the shared Triton as we found it.
     for load in ModelLoad.objects.filter(server=server, state=State.READY):
         loads.request_unload(user, deployment, load.version)
-        loads.run_to_end(load.pk)
+        reconciler.run_to_end(load.pk)
 
 
 def index_state(triton, name: str) -> dict[str, str]:
@@ -120,4 +121,4 @@ def held(world) -> tuple[int, int]:
 def load_once(world, version: ModelVersion, **kwargs) -> ModelLoad:
     rows, _ = loads.request_load(world.user, world.deployment, version, **kwargs)
     assert len(rows) == 1
-    return loads.run_to_end(rows[0].pk)
+    return reconciler.run_to_end(rows[0].pk)
