@@ -2,7 +2,8 @@
 
 Loads, rollouts, benchmark jobs and server workloads are advanced by reconcilers that Celery
 calls for a row's id. A reconciler claims the row with a short lease (``lease_owner``, a
-random id, and ``lease_expires_at``), does at most one step and releases it. While the step
+random id, and ``lease_expires_at``: the fields of :class:`rollouts.models.jobs.LeasedJob`,
+which all four inherit), does at most one step and releases it. While the step
 runs, :func:`heartbeat` renews the lease every third of its length, so a worker that dies
 (SIGKILL, a lost machine) leaves a lease that runs out within one lease length, whatever its
 step was waiting for; the next tick's claim then takes the row over. Each write of a step is
@@ -29,13 +30,14 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from console.exceptions import Conflict
+from rollouts.models.jobs import LeasedJob
 
 log = logging.getLogger(__name__)
-Row = TypeVar("Row", bound=Model)
+Row = TypeVar("Row", bound=LeasedJob)
 
 
 class LostLease(Exception):
@@ -45,11 +47,6 @@ class LostLease(Exception):
 def until(lease_s: float) -> datetime:
     """When a lease of ``lease_s`` seconds taken now runs out."""
     return timezone.now() + timedelta(seconds=lease_s)
-
-
-def held(row: Any, now: datetime) -> bool:
-    """Whether a lease on the row is held (by anyone) at ``now``."""
-    return bool(row.lease_owner and row.lease_expires_at and row.lease_expires_at > now)
 
 
 def claim(
@@ -70,7 +67,7 @@ def claim(
     now = timezone.now()
     with transaction.atomic():
         row = rows.select_for_update(skip_locked=True, of=("self",)).filter(pk=pk).first()
-        if row is None or not due(row, now) or held(row, now):
+        if row is None or not due(row, now) or row.lease_held(now):
             return None
         dead_owner = row.lease_owner
         row.taken_over = bool(dead_owner)
@@ -82,7 +79,7 @@ def claim(
     return row
 
 
-def update(row: Any, where: dict[str, Any] | None = None, /, **fields: Any) -> None:
+def update(row: LeasedJob, where: dict[str, Any] | None = None, /, **fields: Any) -> None:
     """Write ``fields`` (and ``updated_at``, now unless given) only while we still hold the
     row's lease (and it still matches ``where``); else :class:`LostLease`."""
     fields.setdefault("updated_at", timezone.now())
@@ -93,7 +90,7 @@ def update(row: Any, where: dict[str, Any] | None = None, /, **fields: Any) -> N
         setattr(row, key, value)
 
 
-def release(row: Any, **fields: Any) -> None:
+def release(row: LeasedJob, **fields: Any) -> None:
     """Give the lease back (with ``fields`` written alongside), if it is still ours."""
     type(row).objects.filter(pk=row.pk, lease_owner=row.lease_owner).update(
         lease_owner="", lease_expires_at=None, **fields
@@ -101,7 +98,7 @@ def release(row: Any, **fields: Any) -> None:
 
 
 @contextlib.contextmanager
-def heartbeat(row: Any, *, lease_s: float, max_s: float) -> Iterator[None]:
+def heartbeat(row: LeasedJob, *, lease_s: float, max_s: float) -> Iterator[None]:
     """Keep the row's lease short and alive while a step runs.
 
     A daemon thread renews the lease every third of ``lease_s``. It stops when the block

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from django.conf import settings
 from django.db import models
 
-from fleet.models import APIToken, InferenceServer, Tenant
+from fleet.models import InferenceServer, Tenant
 from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
+from .jobs import IdempotentJob
 from .registry import ModelVersion
 
 
-class BenchmarkJob(models.Model):
+class BenchmarkJob(IdempotentJob):
     """A load sweep against one version on one server of a deployment, advanced by an
     idempotent reconciler (``rollouts.benchmarks.jobs``).
 
@@ -86,17 +86,6 @@ class BenchmarkJob(models.Model):
     load_id = models.PositiveIntegerField(null=True, blank=True, help_text="The load serving the config")
     loaded_by_job = models.BooleanField(default=False)
     cancel_requested_by = models.CharField(max_length=200, blank=True)
-    idempotency_key = models.CharField(max_length=200, blank=True)
-    request_fingerprint = models.CharField(max_length=64, blank=True)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_token = models.ForeignKey(
-        APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_label = models.CharField(max_length=200)
-    lease_owner = models.CharField(max_length=64, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)

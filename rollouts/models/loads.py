@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from django.conf import settings
 from django.db import models
 
-from fleet.models import APIToken, InferenceServer, Placement, Tenant
+from fleet.models import InferenceServer, Placement, Tenant
 from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
+from .jobs import IdempotentJob
 from .registry import ModelVersion
 
 
-class ModelLoad(models.Model):
+class ModelLoad(IdempotentJob):
     """One version on one server of a deployment, advanced by idempotent reconcilers.
 
     Load:   pending → admitted → fetching → placing → loading → ready, or failed.
@@ -60,15 +60,6 @@ class ModelLoad(models.Model):
     placement = models.ForeignKey(
         Placement, null=True, blank=True, on_delete=models.SET_NULL, related_name="loads"
     )
-    idempotency_key = models.CharField(max_length=200, blank=True)
-    request_fingerprint = models.CharField(max_length=64, blank=True)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_token = models.ForeignKey(
-        APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_label = models.CharField(max_length=200)
     request_id = models.CharField(
         max_length=64, blank=True,
         help_text="The id of the request that asked for it: its steps log under it (console.logs)",
@@ -88,8 +79,6 @@ class ModelLoad(models.Model):
     server_log = models.TextField(blank=True, help_text="Server log lines that explain a failure")
     attempts = models.PositiveIntegerField(default=0, help_text="Transient failures in a row")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    lease_owner = models.CharField(max_length=64, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     phase_started_at = models.DateTimeField(auto_now_add=True)

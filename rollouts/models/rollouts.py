@@ -7,14 +7,15 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
-from fleet.models import APIToken, Tenant
+from fleet.models import Tenant
 from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
+from .jobs import IdempotentJob
 from .registry import ModelVersion
 
 
-class Rollout(models.Model):
+class Rollout(IdempotentJob):
     """One rollout of a deployment, advanced by idempotent reconcilers (``rollouts.rollouts``).
 
     Canary: ``candidate`` is brought in beside ``baseline`` (the stable version) through the
@@ -108,21 +109,10 @@ class Rollout(models.Model):
     failures = models.PositiveIntegerField(default=0, help_text="Failed looks in this analysis")
     attempt = models.PositiveIntegerField(default=1)
     load_ids = models.JSONField(default=list, blank=True)
-    idempotency_key = models.CharField(max_length=200, blank=True)
-    request_fingerprint = models.CharField(max_length=64, blank=True)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_token = models.ForeignKey(
-        APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_label = models.CharField(max_length=200)
     request_id = models.CharField(
         max_length=64, blank=True,
         help_text="The id of the request that asked for it: its steps log under it (console.logs)",
     )
-    lease_owner = models.CharField(max_length=64, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     next_tick_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

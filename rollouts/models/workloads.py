@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from fleet.models import APIToken, Cluster, InferenceServer, Placement, Tenant
+from fleet.models import Cluster, InferenceServer, Placement, Tenant
 from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
+from .jobs import LeasedJob
 from .registry import ModelVersion
 
 
-class ServerWorkload(models.Model):
+class ServerWorkload(LeasedJob):
     """A Triton or vLLM server of one deployment, run as an apps/v1 Deployment and a Service
     in the cluster's namespace, owned by Switchyard (server-side apply, field manager
     ``switchyard``), advanced by an idempotent reconciler (``rollouts.workloads.requests``).
@@ -129,17 +129,8 @@ class ServerWorkload(models.Model):
     deadline_at = models.DateTimeField(
         null=True, blank=True, help_text="When waiting for the new pods gives up"
     )
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_token = models.ForeignKey(
-        APIToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    requested_by_label = models.CharField(max_length=200)
     attempts = models.PositiveIntegerField(default=0, help_text="Transient failures in a row")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    lease_owner = models.CharField(max_length=64, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     phase_started_at = models.DateTimeField(auto_now_add=True)
