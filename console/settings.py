@@ -235,18 +235,18 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
 }
 SWITCHYARD_HEALTH_INTERVAL_S = env_float("SWITCHYARD_HEALTH_INTERVAL_S", 3.0, minimum=1.0)
 SWITCHYARD_PROBE_TIMEOUT_S = env_float("SWITCHYARD_PROBE_TIMEOUT_S", 2.0, minimum=0.1)
-# Tenant webhooks (fleet/webhooks.py): attempts per delivery, the first wait between two
+# Tenant webhooks (fleet/webhooks/): attempts per delivery, the first wait between two
 # (doubled after each failure: 2, 4, 8, 16, 32 s), the POST timeout and the retry tick.
 SWITCHYARD_WEBHOOK_MAX_ATTEMPTS = env_int("SWITCHYARD_WEBHOOK_MAX_ATTEMPTS", 6, minimum=1)
 SWITCHYARD_WEBHOOK_BACKOFF_S = env_float("SWITCHYARD_WEBHOOK_BACKOFF_S", 2.0, minimum=0.1)
 SWITCHYARD_WEBHOOK_TIMEOUT_S = env_float("SWITCHYARD_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
 SWITCHYARD_WEBHOOK_INTERVAL_S = env_float("SWITCHYARD_WEBHOOK_INTERVAL_S", 2.0, minimum=0.5)
-# Webhook URLs must reach public addresses only (fleet/outbound.py); these hosts (a name or an
-# address as written in the URL, optionally with :port) are let through, e.g. a receiver inside
-# the platform's own network. Comma-separated; empty: none.
+# Webhook URLs must reach public addresses only (fleet/webhooks/outbound.py); these hosts
+# (a name or an address as written in the URL, optionally with :port) are let through, e.g. a
+# receiver inside the platform's own network. Comma-separated; empty: none.
 SWITCHYARD_WEBHOOK_ALLOWED_HOSTS = env_list("SWITCHYARD_WEBHOOK_ALLOWED_HOSTS", [])
 # How long audit events are kept, in days (0: forever); a daily task deletes older ones and
-# records that it did (fleet/audit_export.py).
+# records that it did (fleet/audit/export.py).
 SWITCHYARD_AUDIT_RETENTION_DAYS = env_int("SWITCHYARD_AUDIT_RETENTION_DAYS", 0, minimum=0)
 CELERY_BEAT_SCHEDULE = {
     "end-quota-grants": {

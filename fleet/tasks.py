@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from fleet import audit_export, webhooks
+from fleet.audit import export as audit_export
 from fleet.inventory import health, kube_sync
 from fleet.quota import requests as quota_requests
+from fleet.webhooks import delivery
 
 
 @shared_task(ignore_result=True)
@@ -25,7 +26,7 @@ def check_server(server_id: int) -> None:
 @shared_task(acks_late=True, ignore_result=True)
 def deliver_webhook(delivery_id: int) -> None:
     """One attempt at one webhook delivery (claims the row; a second call changes nothing)."""
-    webhooks.deliver(delivery_id)
+    delivery.deliver(delivery_id)
 
 
 @shared_task(ignore_result=True)
@@ -44,7 +45,7 @@ def prune_audit() -> int:
 def retry_webhook_deliveries() -> int:
     """Beat tick: hand every webhook delivery that is due (a retry, or a first attempt whose
     message the broker lost) to a worker."""
-    due = webhooks.due_deliveries()
+    due = delivery.due_deliveries()
     for delivery_id in due:
         deliver_webhook.delay(delivery_id)
     return len(due)

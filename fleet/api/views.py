@@ -18,7 +18,7 @@ from rest_framework.serializers import BaseSerializer
 
 from console.exceptions import DomainError
 from console.filters import FilterSet
-from fleet import audit, audit_export
+from fleet import audit
 from fleet.api import serializers as s
 from fleet.api.base import (
     ADMIN_WRITES,
@@ -28,6 +28,7 @@ from fleet.api.base import (
 )
 from fleet.api.filters import AuditEventFilter, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
+from fleet.audit import export as audit_export
 from fleet.inventory import health, kube_connection
 from fleet.models import (
     GPU,

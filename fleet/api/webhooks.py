@@ -1,5 +1,5 @@
 """Webhooks API: a tenant's webhooks (admins write, members read), their delivery log and a
-test ping. Every write goes through ``fleet.webhooks``, as the console's does."""
+test ping. Every write goes through ``fleet.webhooks.requests``, as the console's does."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from rest_framework.response import Response
 
 from console.exceptions import DomainError
 from console.serializers import StrictFieldsMixin
-from fleet import webhooks
 from fleet.api.base import ADMIN_WRITES, TenantScopedViewSetMixin, resolve_tenant
 from fleet.api.serializers import TenantField
 from fleet.models import Webhook, WebhookDelivery
+from fleet.webhooks import requests as webhook_requests
+from fleet.webhooks.events import EVENTS
 
 
 @extend_schema_field({
     "type": "array",
-    "items": {"type": "string", "enum": list(webhooks.EVENTS)},
+    "items": {"type": "string", "enum": list(EVENTS)},
     "description": "Event names to send; empty (the default) sends every event",
 })
 class EventsField(serializers.ListField):
@@ -31,7 +32,7 @@ class EventsField(serializers.ListField):
 @extend_schema_field({
     "type": "string",
     "maxLength": 2000,
-    # What fleet.webhooks.validate_url takes, stated for clients (and the schema fuzzer).
+    # What fleet.webhooks.requests.validate_url takes, stated for clients (and the schema fuzzer).
     "pattern": r"^https?://[A-Za-z0-9.-]+(:[1-9][0-9]{0,3})?(/[^\s\x00-\x1f\x7f]*)?$",
     "description": "An http:// or https:// URL with a public host, to POST the events to "
                    "(local, loopback, private and metadata addresses are refused unless the "
@@ -39,7 +40,7 @@ class EventsField(serializers.ListField):
     "example": "https://hooks.example.com/switchyard",
 })
 class URLField(serializers.CharField):
-    """The URL as typed; ``fleet.webhooks.validate_url`` says what is wrong with it."""
+    """The URL as typed; ``fleet.webhooks.requests.validate_url`` says what is wrong with it."""
 
 
 class LastDeliverySerializer(serializers.ModelSerializer):
@@ -127,7 +128,7 @@ class WebhookViewSet(
         data = dict(serializer.validated_data)
         tenant = resolve_tenant(data, request.user)
         data.pop("tenant", None)
-        created = webhooks.create_webhook(request.user, tenant, **data)
+        created = webhook_requests.create_webhook(request.user, tenant, **data)
         body = CreatedWebhookSerializer(created.webhook, context=self.get_serializer_context()).data
         body["secret"] = created.secret
         return Response(body, status=status.HTTP_201_CREATED)
@@ -142,11 +143,11 @@ class WebhookViewSet(
         tenant = data.pop("tenant", webhook.tenant)
         if tenant != webhook.tenant:
             raise DomainError("a webhook cannot move to another tenant", field="tenant")
-        webhooks.update_webhook(request.user, webhook, **data)
+        webhook_requests.update_webhook(request.user, webhook, **data)
         return Response(self.get_serializer(webhook).data)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        webhooks.delete_webhook(request.user, self.get_object())
+        webhook_requests.delete_webhook(request.user, self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(responses=WebhookDeliverySerializer(many=True))
@@ -162,5 +163,5 @@ class WebhookViewSet(
     @action(detail=True, methods=["post"], serializer_class=WebhookDeliverySerializer)
     def test(self, request: Request, pk: str | None = None) -> Response:
         """Queue a ``ping`` to this webhook (tenant admin); follow it in ``deliveries/``."""
-        delivery = webhooks.send_test(request.user, self.get_object())
+        delivery = webhook_requests.send_test(request.user, self.get_object())
         return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)

@@ -11,12 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.exceptions import Conflict, DomainError
-from fleet import audit, webhooks
+from fleet import audit
 from fleet.audit import actor_label
 from fleet.models import GPU, Membership, Quota, QuotaRequest, Tenant
 from fleet.models.quotas import CPU_CLASS
 from fleet.quota.admission import mark_borrowed
 from fleet.tenancy.scoping import require_platform_admin, require_role
+from fleet.webhooks import events as webhook_events
 
 State = QuotaRequest.State
 MAX_UNITS = 100_000
@@ -152,7 +153,7 @@ def _pending(request: QuotaRequest) -> QuotaRequest:
 
 
 def _notify(request: QuotaRequest, summary: str) -> None:
-    webhooks.emit(request.tenant, "quota.request_changed", {
+    webhook_events.emit(request.tenant, "quota.request_changed", {
         "id": request.pk, "tenant": request.tenant.slug, "device_class": request.device_class,
         "state": request.state, "units": request.units, "memory_mib": request.memory_mib,
         "granted_units": request.granted_units, "granted_memory_mib": request.granted_memory_mib,

@@ -60,11 +60,12 @@ from django.utils import timezone
 from console import logs
 from console.celery import send_soon
 from console.exceptions import Conflict, DomainError
-from fleet import audit, webhooks
+from fleet import audit
 from fleet.audit import actor_label
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
 from fleet.tenancy.tokens import person_id
+from fleet.webhooks import events as webhook_events
 from rollouts import leases
 from rollouts.canary import analysis
 from rollouts.loads import reconciler as load_reconciler
@@ -680,7 +681,7 @@ def payload(rollout: Rollout) -> dict[str, Any]:
 
 def _notify(rollout: Rollout, event: str, previous: str) -> None:
     body = {**payload(rollout), "previous_state": previous}
-    webhooks.emit(rollout.tenant, event, body, summary=_summary(rollout, event))
+    webhook_events.emit(rollout.tenant, event, body, summary=_summary(rollout, event))
 
 
 def _summary(rollout: Rollout, event: str) -> str:

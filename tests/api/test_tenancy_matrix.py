@@ -24,7 +24,6 @@ from django.db import models
 from django.urls import get_resolver
 from rest_framework.test import APIClient
 
-from fleet import webhooks
 from fleet.adapters import kube_workloads as kw
 from fleet.adapters.base import ServerProbe
 from fleet.api.urls import router as fleet_router
@@ -45,6 +44,7 @@ from fleet.models import (
 )
 from fleet.quota import requests as quota_requests
 from fleet.tenancy import tokens
+from fleet.webhooks.requests import create_webhook
 from rollouts.api.urls import router as rollouts_router
 from rollouts.models import (
     Alias,
@@ -311,13 +311,13 @@ class World:
     # --- webhooks (public names, as a webhook must have: no test here delivers)
     @cached_property
     def webhook_a(self) -> Webhook:
-        return webhooks.create_webhook(self.persona("alice"), self.tenant_a, name="hook-a",
-                                       url="https://hooks.example.com/hook-a").webhook
+        return create_webhook(self.persona("alice"), self.tenant_a, name="hook-a",
+                              url="https://hooks.example.com/hook-a").webhook
 
     @cached_property
     def webhook_b(self) -> Webhook:
-        return webhooks.create_webhook(self.persona("charlie"), self.tenant_b, name="hook-b",
-                                       url="https://hooks.example.com/hook-b").webhook
+        return create_webhook(self.persona("charlie"), self.tenant_b, name="hook-b",
+                              url="https://hooks.example.com/hook-b").webhook
 
     # --- rollouts (rows as the domain writes them; the reconciler is not run)
     def _rollout(self, deployment: Deployment, baseline: ModelVersion, state: str,

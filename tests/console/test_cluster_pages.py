@@ -12,8 +12,8 @@ from django.test import Client
 from django.utils import timezone
 
 from fleet.inventory import kube_connection, kube_sync, secrets
+from fleet.inventory.views import gpu_groups
 from fleet.models import GPU, AuditEvent, Cluster, ClusterSync, Node, Placement
-from fleet.views import gpu_groups
 from tests.factories import (
     ClusterFactory,
     GPUFactory,

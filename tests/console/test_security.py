@@ -22,9 +22,9 @@ from django.utils import timezone
 from playwright.sync_api import Browser, Dialog, expect
 from rest_framework.test import APIClient
 
-from fleet.forms import TokenForm
 from fleet.models import APIToken, AuditEvent
 from fleet.tenancy import tokens
+from fleet.tenancy.forms import TokenForm
 from rollouts.models import ModelLoad
 from tests.console.test_tenancy_matrix import PAGES as MATRIX_PAGES
 from tests.console.test_tenancy_matrix import PLATFORM

@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import audit_export
+from fleet.audit import export as audit_export
 from fleet.models import AuditEvent, Quota
 from tests.factories import QuotaFactory
 

@@ -11,9 +11,9 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import webhooks
 from fleet.models import AuditEvent, Quota, QuotaRequest, WebhookDelivery
 from fleet.quota import requests as quota_requests
+from fleet.webhooks.requests import create_webhook
 from tests.factories import ClusterFactory, GPUFactory, NodeFactory, QuotaFactory
 
 pytestmark = pytest.mark.django_db
@@ -56,8 +56,8 @@ def test_a_gpu_class_of_the_fleet_may_be_asked_for(alice):
 
 
 def test_an_approval_as_asked_sets_the_quota_audits_and_notifies(alice, root, tenant_a):
-    hook = webhooks.create_webhook(alice, tenant_a, name="ops", url="https://hooks.example.com/",
-                                   events=["quota.request_changed"]).webhook
+    hook = create_webhook(alice, tenant_a, name="ops", url="https://hooks.example.com/",
+                          events=["quota.request_changed"]).webhook
     made = api(alice).post("/api/v1/quota-requests/", asked(), format="json").json()
 
     decided = api(root).post(f"/api/v1/quota-requests/{made['id']}/approve/", {}, format="json")

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from fleet import outbound, webhooks
 from fleet.models import Webhook, WebhookDelivery
+from fleet.webhooks import outbound
+from fleet.webhooks.delivery import deliver
+from fleet.webhooks.requests import create_webhook, send_test
 from tests.fixtures.http_server import QuietHTTPServer
 
 State = WebhookDelivery.State
@@ -119,8 +121,8 @@ def slipped_in(tenant, url: str) -> Webhook:
 
 
 def ping(alice, webhook: Webhook) -> WebhookDelivery:
-    delivery = webhooks.send_test(alice, webhook)
-    webhooks.deliver(delivery.pk)
+    delivery = send_test(alice, webhook)
+    deliver(delivery.pk)
     delivery.refresh_from_db()
     return delivery
 
@@ -140,8 +142,8 @@ def test_the_api_refuses_a_webhook_to_a_non_public_address(alice, tenant_a, clie
 
 
 def test_the_api_refuses_moving_a_webhook_to_a_non_public_address(alice, tenant_a, client_for):
-    webhook = webhooks.create_webhook(alice, tenant_a, name="ops",
-                                      url="https://hooks.example.com/switchyard").webhook
+    webhook = create_webhook(alice, tenant_a, name="ops",
+                             url="https://hooks.example.com/switchyard").webhook
     api = client_for(alice)
 
     for url, why in REFUSED_URLS:
@@ -199,7 +201,7 @@ def test_a_name_resolving_to_a_private_address_is_refused_at_delivery(
     private address (among others), THEN the delivery fails at once, readably, and nothing
     is sent anywhere."""
     dns["hooks.example.com"] = [answer]
-    webhook = webhooks.create_webhook(
+    webhook = create_webhook(
         alice, tenant_a, name="ops", url=f"http://hooks.example.com:{receiver['port']}/hook",
     ).webhook
 
@@ -221,7 +223,7 @@ def test_the_checked_address_is_the_one_connected_to(alice, tenant_a, receiver, 
     up, with the name in its Host header."""
     monkeypatch.setattr(outbound, "refusal", lambda address: "")  # 127.0.0.1 passes, here
     dns["rebind.example.com"] = [["127.0.0.1"], ["192.0.2.1"]]
-    webhook = webhooks.create_webhook(
+    webhook = create_webhook(
         alice, tenant_a, name="ops", url=f"http://rebind.example.com:{receiver['port']}/hook",
     ).webhook
 
@@ -235,8 +237,8 @@ def test_the_checked_address_is_the_one_connected_to(alice, tenant_a, receiver, 
 
 def test_a_name_that_does_not_resolve_is_retried(alice, tenant_a, sent, dns):
     dns["gone.example.com"] = [[]]
-    webhook = webhooks.create_webhook(alice, tenant_a, name="ops",
-                                      url="https://gone.example.com/hook").webhook
+    webhook = create_webhook(alice, tenant_a, name="ops",
+                             url="https://gone.example.com/hook").webhook
 
     delivery = ping(alice, webhook)
 
@@ -271,8 +273,8 @@ def test_a_host_the_platform_allows_is_reached(alice, tenant_a, client_for, rece
 def test_the_receivers_answer_is_neither_kept_nor_shown(alice, bob, tenant_a, client_for, client,
                                                         receiver, sent, settings):
     settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
-    webhook = webhooks.create_webhook(alice, tenant_a, name="ops",
-                                      url=f"http://127.0.0.1:{receiver['port']}/hook").webhook
+    webhook = create_webhook(alice, tenant_a, name="ops",
+                             url=f"http://127.0.0.1:{receiver['port']}/hook").webhook
 
     delivery = ping(alice, webhook)
 

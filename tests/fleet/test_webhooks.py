@@ -22,8 +22,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console.exceptions import Conflict, DomainError
-from fleet import webhooks
 from fleet.models import AuditEvent, Webhook, WebhookDelivery
+from fleet.webhooks import events
+from fleet.webhooks.delivery import claim_lease, deliver, due_deliveries, sign, verify
+from fleet.webhooks.requests import create_webhook, update_webhook
 from tests.factories import TenantFactory
 from tests.fixtures.http_server import QuietHTTPServer
 
@@ -98,14 +100,14 @@ def sent(monkeypatch) -> list[int]:
 
 def hook(alice, tenant, url: str, **kwargs: Any) -> Webhook:
     kwargs.setdefault("name", "ops")
-    return webhooks.create_webhook(alice, tenant, url=url, **kwargs).webhook
+    return create_webhook(alice, tenant, url=url, **kwargs).webhook
 
 
 def emit(tenant, event: str = "rollout.rolled_back", payload: dict | None = None) -> int:
     """Emit in a transaction that commits (the test's own never does: what would run on its
     commit runs when this block ends)."""
     with TestCase.captureOnCommitCallbacks(execute=True), transaction.atomic():
-        return webhooks.emit(tenant, event, payload or ROLLOUT, summary="Rollout 3 rolled back")
+        return events.emit(tenant, event, payload or ROLLOUT, summary="Rollout 3 rolled back")
 
 
 def later(seconds: float) -> time_machine.travel:
@@ -121,19 +123,19 @@ def test_a_delivery_is_posted_signed_and_recorded(alice, tenant_a, receiver, sen
     assert emit(tenant_a) == 1
     [delivery] = WebhookDelivery.objects.all()
     assert sent == [delivery.pk]  # handed to a worker on commit
-    assert webhooks.deliver(delivery.pk) == State.DELIVERED
+    assert deliver(delivery.pk) == State.DELIVERED
 
     [request] = receiver.requests
     headers = request["headers"]
     assert headers["X-Switchyard-Event"] == "rollout.rolled_back"
     assert headers["X-Switchyard-Delivery"] == str(delivery.pk)
     assert headers["Content-Type"] == "application/json"
-    assert webhooks.verify(webhook.secret, headers["X-Switchyard-Timestamp"], request["body"],
-                           headers["X-Switchyard-Signature"], max_age_s=300)
-    assert not webhooks.verify("whsec_another", headers["X-Switchyard-Timestamp"],
-                               request["body"], headers["X-Switchyard-Signature"])
-    assert not webhooks.verify(webhook.secret, headers["X-Switchyard-Timestamp"],
-                               request["body"] + b" ", headers["X-Switchyard-Signature"])
+    assert verify(webhook.secret, headers["X-Switchyard-Timestamp"], request["body"],
+                  headers["X-Switchyard-Signature"], max_age_s=300)
+    assert not verify("whsec_another", headers["X-Switchyard-Timestamp"],
+                      request["body"], headers["X-Switchyard-Signature"])
+    assert not verify(webhook.secret, headers["X-Switchyard-Timestamp"],
+                      request["body"] + b" ", headers["X-Switchyard-Signature"])
     body = json.loads(request["body"])
     assert body["event"] == "rollout.rolled_back"
     assert body["id"] == delivery.pk
@@ -145,17 +147,17 @@ def test_a_delivery_is_posted_signed_and_recorded(alice, tenant_a, receiver, sen
     assert delivery.delivered_at is not None and delivery.duration_ms is not None
 
     # Delivering again changes nothing and sends nothing.
-    assert webhooks.deliver(delivery.pk) == State.DELIVERED
+    assert deliver(delivery.pk) == State.DELIVERED
     assert len(receiver.requests) == 1
 
 
 def test_verify_refuses_an_old_timestamp():
     body = b'{"event":"ping"}'
-    signature = webhooks.sign("whsec_x", 1_000, body)
+    signature = sign("whsec_x", 1_000, body)
 
-    assert webhooks.verify("whsec_x", 1_000, body, signature)
-    assert webhooks.verify("whsec_x", "1000", body.decode(), signature, max_age_s=300, now=1_200)
-    assert not webhooks.verify("whsec_x", 1_000, body, signature, max_age_s=300, now=2_000)
+    assert verify("whsec_x", 1_000, body, signature)
+    assert verify("whsec_x", "1000", body.decode(), signature, max_age_s=300, now=1_200)
+    assert not verify("whsec_x", 1_000, body, signature, max_age_s=300, now=2_000)
 
 
 def test_it_retries_with_backoff_until_delivered(alice, tenant_a, receiver, sent):
@@ -167,18 +169,18 @@ def test_it_retries_with_backoff_until_delivered(alice, tenant_a, receiver, sent
 
     for _ in range(3):
         attempted_at = timezone.now()
-        assert webhooks.deliver(delivery.pk) == State.PENDING
+        assert deliver(delivery.pk) == State.PENDING
         delivery.refresh_from_db()
         waits.append(round((delivery.next_attempt_at - attempted_at).total_seconds()))
         assert delivery.response_status == 500
         assert delivery.response_excerpt == ""  # the answer is not kept
         # Not due yet: a call now (a second worker, an early tick) sends nothing.
-        assert webhooks.deliver(delivery.pk) == State.PENDING
-        assert delivery.pk not in webhooks.due_deliveries()
+        assert deliver(delivery.pk) == State.PENDING
+        assert delivery.pk not in due_deliveries()
         with later(waits[-1] + 0.5):
-            assert webhooks.due_deliveries() == [delivery.pk]
+            assert due_deliveries() == [delivery.pk]
             if len(waits) == 3:
-                assert webhooks.deliver(delivery.pk) == State.DELIVERED
+                assert deliver(delivery.pk) == State.DELIVERED
         if len(waits) < 3:
             WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
 
@@ -199,7 +201,7 @@ def test_it_gives_up_after_max_attempts(alice, tenant_a, receiver, sent, setting
 
     states = []
     for _ in range(4):
-        states.append(webhooks.deliver(delivery.pk))
+        states.append(deliver(delivery.pk))
         WebhookDelivery.objects.filter(pk=delivery.pk, state=State.PENDING).update(
             next_attempt_at=timezone.now())
 
@@ -210,7 +212,7 @@ def test_it_gives_up_after_max_attempts(alice, tenant_a, receiver, sent, setting
     assert delivery.next_attempt_at is None
     assert delivery.response_status == 500
     assert delivery.response_excerpt == ""
-    assert webhooks.due_deliveries() == []
+    assert due_deliveries() == []
 
 
 def test_a_receiver_that_is_down_is_recorded_readably(alice, tenant_a, closed_port, sent):
@@ -218,7 +220,7 @@ def test_a_receiver_that_is_down_is_recorded_readably(alice, tenant_a, closed_po
     emit(tenant_a)
     delivery = WebhookDelivery.objects.get()
 
-    assert webhooks.deliver(delivery.pk) == State.PENDING
+    assert deliver(delivery.pk) == State.PENDING
 
     delivery.refresh_from_db()
     assert delivery.response_status is None
@@ -235,7 +237,7 @@ def test_a_receiver_that_does_not_answer_times_out(alice, tenant_a, settings, se
         emit(tenant_a)
         delivery = WebhookDelivery.objects.get()
 
-        assert webhooks.deliver(delivery.pk) == State.PENDING
+        assert deliver(delivery.pk) == State.PENDING
 
     delivery.refresh_from_db()
     assert delivery.response_excerpt == "no answer within 0.3 s"
@@ -245,7 +247,7 @@ def test_the_slack_format_sends_an_incoming_webhook_message(alice, tenant_a, rec
     webhook = hook(alice, tenant_a, receiver.url, format="slack")
     emit(tenant_a)
 
-    webhooks.deliver(WebhookDelivery.objects.get().pk)
+    deliver(WebhookDelivery.objects.get().pk)
 
     [request] = receiver.requests
     body = json.loads(request["body"])
@@ -257,8 +259,8 @@ def test_the_slack_format_sends_an_incoming_webhook_message(alice, tenant_a, rec
     assert "*reason*\np99 breached" in fields
     assert "rollout.rolled_back" in body["blocks"][-1]["elements"][0]["text"]
     headers = request["headers"]
-    assert webhooks.verify(webhook.secret, headers["X-Switchyard-Timestamp"], request["body"],
-                           headers["X-Switchyard-Signature"])
+    assert verify(webhook.secret, headers["X-Switchyard-Timestamp"], request["body"],
+                  headers["X-Switchyard-Signature"])
 
 
 def test_emit_reaches_only_the_tenants_active_webhooks_for_the_event(
@@ -279,14 +281,14 @@ def test_emit_reaches_only_the_tenants_active_webhooks_for_the_event(
     assert {all_events.pk, approvals.pk} == set(
         WebhookDelivery.objects.values_list("webhook", flat=True))
     with pytest.raises(ValueError, match="unknown webhook event"):
-        webhooks.emit(tenant_a, "rollout.exploded", {})
+        events.emit(tenant_a, "rollout.exploded", {})
 
 
 def test_emit_queues_nothing_when_the_transaction_rolls_back(alice, tenant_a, receiver, sent):
     hook(alice, tenant_a, receiver.url)
 
     with pytest.raises(RuntimeError), transaction.atomic():
-        webhooks.emit(tenant_a, "rollout.state_changed", ROLLOUT)
+        events.emit(tenant_a, "rollout.state_changed", ROLLOUT)
         raise RuntimeError("the state change failed")
 
     assert not WebhookDelivery.objects.exists()
@@ -296,9 +298,9 @@ def test_emit_queues_nothing_when_the_transaction_rolls_back(alice, tenant_a, re
 def test_a_deactivated_webhook_fails_its_pending_deliveries(alice, tenant_a, receiver, sent):
     webhook = hook(alice, tenant_a, receiver.url)
     emit(tenant_a)
-    webhooks.update_webhook(alice, webhook, active=False)
+    update_webhook(alice, webhook, active=False)
 
-    assert webhooks.deliver(WebhookDelivery.objects.get().pk) == State.FAILED
+    assert deliver(WebhookDelivery.objects.get().pk) == State.FAILED
 
     assert receiver.requests == []
     assert WebhookDelivery.objects.get().response_excerpt == "the webhook was deactivated"
@@ -311,13 +313,13 @@ def test_a_lost_workers_claim_is_retried_after_its_lease(alice, tenant_a, receiv
     # A worker claimed it, then died before posting.
     now = timezone.now()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
-        attempts=1, next_attempt_at=now + webhooks._lease())
-    assert webhooks.deliver(delivery.pk) == State.PENDING
+        attempts=1, next_attempt_at=now + claim_lease())
+    assert deliver(delivery.pk) == State.PENDING
     assert receiver.requests == []
 
-    with later(webhooks._lease().total_seconds() + 1):
-        assert webhooks.due_deliveries() == [delivery.pk]
-        assert webhooks.deliver(delivery.pk) == State.DELIVERED
+    with later(claim_lease().total_seconds() + 1):
+        assert due_deliveries() == [delivery.pk]
+        assert deliver(delivery.pk) == State.DELIVERED
 
     assert len(receiver.requests) == 1
     assert WebhookDelivery.objects.get().attempts == 2
@@ -363,7 +365,7 @@ def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a
     delivery = WebhookDelivery.objects.get()
     assert (delivery.webhook, delivery.event) == (webhook, "rollout.rolled_back")
     assert sent == [delivery.pk]
-    assert webhooks.deliver(delivery.pk) == State.DELIVERED
+    assert deliver(delivery.pk) == State.DELIVERED
     [request] = receiver.requests
     data = json.loads(request["body"])["data"]
     assert (data["id"], data["state"], data["previous_state"]) == (made.pk, "rolled_back", "rolling_back")
@@ -382,7 +384,7 @@ def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a
 ])
 def test_bad_urls_are_refused_naming_the_field(alice, tenant_a, url, message):
     with pytest.raises(DomainError) as refused:
-        webhooks.create_webhook(alice, tenant_a, name="x", url=url)
+        create_webhook(alice, tenant_a, name="x", url=url)
 
     assert refused.value.field == "url"
     assert message in refused.value.message
@@ -390,11 +392,11 @@ def test_bad_urls_are_refused_naming_the_field(alice, tenant_a, url, message):
 
 def test_unknown_events_and_taken_names_are_refused(alice, tenant_a, receiver):
     with pytest.raises(DomainError) as refused:
-        webhooks.create_webhook(alice, tenant_a, name="x", url=receiver.url, events=["nope"])
+        create_webhook(alice, tenant_a, name="x", url=receiver.url, events=["nope"])
     assert refused.value.field == "events"
     hook(alice, tenant_a, receiver.url, name="x")
     with pytest.raises(Conflict):
-        webhooks.create_webhook(alice, tenant_a, name="x", url=receiver.url)
+        create_webhook(alice, tenant_a, name="x", url=receiver.url)
 
 
 # --- the API ---------------------------------------------------------------------------------
@@ -418,7 +420,7 @@ def test_the_api_shows_the_secret_once_and_audits_every_change(alice, tenant_a, 
     assert changed.status_code == 200 and changed.json()["format"] == "slack"
     ping = api.post(f"/api/v1/webhooks/{webhook.pk}/test/")
     assert ping.status_code == 202 and ping.json()["event"] == "ping"
-    webhooks.deliver(ping.json()["id"])
+    deliver(ping.json()["id"])
     assert receiver.requests[0]["headers"]["X-Switchyard-Event"] == "ping"
     log = api.get(f"/api/v1/webhooks/{webhook.pk}/deliveries/").json()
     assert [(d["event"], d["state"], d["response_status"]) for d in log["results"]] == [
@@ -477,7 +479,7 @@ def test_the_console_page_creates_a_webhook_and_shows_its_log(alice, tenant_a, c
     assert webhook.secret in page.content.decode()  # shown this once
     assert webhook.secret not in client.get(reverse("fleet:webhooks")).content.decode()
     emit(tenant_a)
-    webhooks.deliver(WebhookDelivery.objects.get().pk)
+    deliver(WebhookDelivery.objects.get().pk)
     log = client.get(reverse("fleet:webhook", kwargs={"pk": webhook.pk})).content.decode()
     assert "rollout.rolled_back" in log and "delivered" in log
 

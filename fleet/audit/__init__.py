@@ -1,4 +1,5 @@
-"""Recording changes in the audit log, for every writer in every app."""
+"""The audit trail: recording changes in the audit log, for every writer in every app.
+Taking the log out and keeping it to its retention is ``fleet.audit.export``."""
 
 from __future__ import annotations
 

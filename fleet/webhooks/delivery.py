@@ -1,7 +1,9 @@
-"""Tenant webhooks: notifications of rollout state changes, approvals needed and rollbacks.
+"""Delivering tenant webhooks: notifications of rollout state changes, approvals needed,
+rollbacks and quota requests.
 
-``emit()`` queues one delivery per active webhook of the tenant that listens to the event, in
-the caller's transaction, and hands each to a worker once it commits. ``deliver()`` makes one
+``fleet.webhooks.events.emit()`` queues one delivery per active webhook of the tenant that
+listens to the event, in the caller's transaction, and hands each to a worker once it commits.
+``deliver()`` makes one
 attempt: it claims the row (a conditional UPDATE, so two workers never send one delivery at
 once), POSTs outside any transaction and records the answer. A 2xx answer delivers it; anything
 else (another status, a refused connection, a timeout) is retried after 2, 4, 8, 16, ... s
@@ -13,7 +15,7 @@ Signing: each POST carries ``X-Switchyard-Timestamp`` (Unix seconds) and
 ``X-Switchyard-Signature: sha256=<hex>``, the HMAC-SHA256 of ``f"{timestamp}.{body}"`` keyed
 with the webhook's secret. ``verify()`` is what a receiver runs (docs/api.md, "Webhooks").
 
-Where a webhook may point (``fleet.outbound``): a public address only, checked when the URL is
+Where a webhook may point (``fleet.webhooks.outbound``): a public address only, checked when the URL is
 saved and again at each attempt, after DNS, whose checked address is the one connected to. A
 host named in ``SWITCHYARD_WEBHOOK_ALLOWED_HOSTS`` skips the check (the tests' receivers on
 127.0.0.1). A refused address fails the delivery at once, with the reason. What a receiver
@@ -26,44 +28,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import secrets
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from console.celery import send_soon
-from console.exceptions import Conflict, DomainError
-from fleet import audit, outbound
-from fleet.models import Membership, Tenant, Webhook, WebhookDelivery
-from fleet.tenancy.scoping import require_role
-from fleet.tenancy.tokens import person_id
+from fleet.models import Webhook, WebhookDelivery
+from fleet.webhooks import outbound
+from fleet.webhooks.events import PING
 
-# The events a webhook can listen to, with what each means (the API and the console list them).
-EVENTS: dict[str, str] = {
-    "rollout.state_changed": "a rollout moved to another state",
-    "rollout.approval_needed": "a rollout waits for an approver",
-    "rollout.rolled_back": "a rollout rolled back to its baseline",
-    "quota.request_changed": "a quota request was made, approved, refused, or its grant ended",
-}
-PING = "ping"  # sent by the test button to one webhook, whatever its events
-SECRET_PREFIX = "whsec_"
 REASON_CHARS = 500  # WebhookDelivery.response_excerpt: Switchyard's reason, never the answer
 USER_AGENT = "Switchyard-Webhooks/1"
 State = WebhookDelivery.State
-
-
-@dataclass(frozen=True)
-class CreatedWebhook:
-    webhook: Webhook
-    secret: str  # shown this once
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,157 +76,8 @@ def verify(
 
 
 # --------------------------------------------------------------------------------------------
-# Managing webhooks (the API and the console call these)
+# Delivering
 # --------------------------------------------------------------------------------------------
-
-
-def validate_url(url: str) -> str:
-    """An absolute http:// or https:// URL with a host and no credentials, whose host is not
-    local, loopback, private or otherwise not public (``fleet.outbound.check_url``) unless
-    ``SWITCHYARD_WEBHOOK_ALLOWED_HOSTS`` names it; else DomainError on ``url``."""
-    url = url.strip()
-    problem = ""
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a port that is no number or out of range
-    except ValueError as exc:
-        problem, port = f"not a valid URL ({exc})", None
-    if not problem:
-        if parts.scheme not in ("http", "https"):
-            problem = "must start with http:// or https://"
-        elif not parts.hostname:
-            problem = "must name a host, e.g. https://hooks.example.com/switchyard"
-        elif any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
-            problem = "must not contain spaces or control characters"
-        elif len(url) > 2000:
-            problem = "must be at most 2000 characters"
-        elif port == 0:
-            problem = "port 0 is not a port"
-    if problem:
-        raise DomainError(problem, field="url")
-    outbound.check_url(url, allowed_hosts=settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS, field="url")
-    return url
-
-
-def validate_events(events: list[str]) -> list[str]:
-    """Known event names, each once, in the order given; empty means every event."""
-    seen: list[str] = []
-    for event in events:
-        if event not in EVENTS:
-            known = ", ".join(EVENTS)
-            raise DomainError(f"unknown event {event!r}: choose among {known}", field="events")
-        if event not in seen:
-            seen.append(event)
-    return seen
-
-
-def _validate_name(tenant: Tenant, name: str, exclude: int | None = None) -> str:
-    if not name or len(name) > 100:
-        raise DomainError("give the webhook a name of 1 to 100 characters", field="name")
-    if Webhook.objects.filter(tenant=tenant, name=name).exclude(pk=exclude).exists():
-        raise Conflict(f"a webhook named {name!r} already exists", field="name")
-    return name
-
-
-def _validate_format(value: str) -> str:
-    if value not in Webhook.Format.values:
-        raise DomainError(f"must be one of {', '.join(Webhook.Format.values)}", field="format")
-    return value
-
-
-AUDITED = ["name", "url", "events", "format", "active"]
-
-
-def create_webhook(
-    actor: Any, tenant: Tenant, *, name: str, url: str, events: list[str] | None = None,
-    format: str = Webhook.Format.JSON, active: bool = True,
-) -> CreatedWebhook:
-    """Make a webhook with a fresh secret. Needs the admin role in the tenant."""
-    require_role(actor, tenant, Membership.Role.ADMIN)
-    fields = {
-        "name": _validate_name(tenant, name), "url": validate_url(url),
-        "events": validate_events(events or []), "format": _validate_format(format),
-        "active": active,
-    }
-    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
-    with transaction.atomic():
-        webhook = Webhook.objects.create(
-            tenant=tenant, secret=secret, created_by_id=person_id(actor), **fields,
-        )
-        audit.record(actor, "created", webhook, tenant=tenant,
-                     after=audit.snapshot(webhook, AUDITED))
-    return CreatedWebhook(webhook=webhook, secret=secret)
-
-
-def update_webhook(actor: Any, webhook: Webhook, **changes: Any) -> Webhook:
-    """Change any of name, url, events, format, active. Needs the admin role."""
-    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
-    unknown = set(changes) - set(AUDITED)
-    if unknown:
-        raise DomainError(f"cannot change {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
-    checks = {
-        "name": lambda v: _validate_name(webhook.tenant, v, exclude=webhook.pk),
-        "url": validate_url, "events": validate_events, "format": _validate_format,
-        "active": bool,
-    }
-    clean = {key: checks[key](value) for key, value in changes.items()}
-    changed = [key for key, value in clean.items() if getattr(webhook, key) != value]
-    if not changed:
-        return webhook
-    before = audit.snapshot(webhook, changed)
-    with transaction.atomic():
-        for key in changed:
-            setattr(webhook, key, clean[key])
-        webhook.save(update_fields=changed)
-        audit.record(actor, "updated", webhook, tenant=webhook.tenant, before=before,
-                     after=audit.snapshot(webhook, changed))
-    return webhook
-
-
-def delete_webhook(actor: Any, webhook: Webhook) -> None:
-    """Delete a webhook and its delivery log. Needs the admin role."""
-    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
-    with transaction.atomic():
-        audit.record(actor, "deleted", webhook, tenant=webhook.tenant,
-                     before=audit.snapshot(webhook, AUDITED))
-        webhook.delete()
-
-
-def send_test(actor: Any, webhook: Webhook) -> WebhookDelivery:
-    """Queue a ``ping`` to this one webhook, active or not, whatever its events."""
-    require_role(actor, webhook.tenant, Membership.Role.ADMIN)
-    payload = {"tenant": webhook.tenant.slug, "webhook": webhook.name,
-               "requested_by": audit.actor_label(actor)}
-    summary = f"Test message from Switchyard for webhook {webhook.name}"
-    with transaction.atomic():
-        return _queue(webhook, PING, payload, summary)
-
-
-# --------------------------------------------------------------------------------------------
-# Emitting and delivering
-# --------------------------------------------------------------------------------------------
-
-
-def emit(tenant: Tenant, event: str, payload: dict[str, Any], *, summary: str = "") -> int:
-    """Queue ``event`` for every webhook of ``tenant`` that listens to it; returns how many
-    deliveries were queued. Call it inside the transaction that made the change: the
-    deliveries commit (and go to the workers) with it, or not at all."""
-    if event not in EVENTS:
-        raise ValueError(f"unknown webhook event {event!r}; add it to fleet.webhooks.EVENTS")
-    hooks = [h for h in Webhook.objects.filter(tenant=tenant, active=True) if h.listens_to(event)]
-    for webhook in hooks:
-        _queue(webhook, event, payload, summary)
-    return len(hooks)
-
-
-def _queue(webhook: Webhook, event: str, payload: dict[str, Any], summary: str) -> WebhookDelivery:
-    delivery = WebhookDelivery.objects.create(
-        webhook=webhook, event=event, payload=payload, summary=summary[:500],
-        next_attempt_at=timezone.now(),
-    )
-    # Sent once the row is committed; with the broker down, beat's retry tick sends it.
-    send_soon("fleet.tasks.deliver_webhook", delivery.pk)
-    return delivery
 
 
 def body_of(delivery: WebhookDelivery) -> bytes:
@@ -291,7 +122,7 @@ def backoff(attempts: int) -> timedelta:
     return timedelta(seconds=settings.SWITCHYARD_WEBHOOK_BACKOFF_S * 2 ** (attempts - 1))
 
 
-def _lease() -> timedelta:
+def claim_lease() -> timedelta:
     # Long enough for one POST to time out and its answer to be recorded.
     return timedelta(seconds=settings.SWITCHYARD_WEBHOOK_TIMEOUT_S * 2 + 10)
 
@@ -315,7 +146,7 @@ def deliver(delivery_id: int) -> str:
     now = timezone.now()
     claimed = WebhookDelivery.objects.filter(
         pk=delivery_id, state=State.PENDING, next_attempt_at__lte=now
-    ).update(attempts=F("attempts") + 1, next_attempt_at=now + _lease())
+    ).update(attempts=F("attempts") + 1, next_attempt_at=now + claim_lease())
     delivery = WebhookDelivery.objects.select_related("webhook__tenant").filter(pk=delivery_id).first()
     if delivery is None:
         return ""
