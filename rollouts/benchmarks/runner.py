@@ -14,7 +14,7 @@ Redis, where any worker can read it:
 ``<prefix><run>:cancel``              set by Switchyard to stop the run; read every 0.1 s
 ====================================  ==============================================================
 
-No Django here. SPEC is a JSON file (see :func:`spec_for` in :mod:`rollouts.benchmarks.jobs`
+No Django here. SPEC is a JSON file (see :func:`spec_for` in :mod:`rollouts.benchmarks.specs`
 for what it holds).
 """
 

@@ -128,7 +128,7 @@ UNKNOWN_REFERENCE = re.compile(
     r"|^unknown device class "                # a quota request's class the fleet has none of
 )
 # A benchmark protocol the named server does not speak, or a request body of the other
-# protocol's kind (rollouts/benchmarks/jobs.py).
+# protocol's kind (rollouts/benchmarks/specs.py).
 NOT_SPOKEN = re.compile(
     r" does not fit a [a-z]+ server$| has no gRPC address recorded$"
     r"|^request\.inputs: inputs: a list of |^request: unknown fields inputs$"

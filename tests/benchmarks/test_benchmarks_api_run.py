@@ -1,5 +1,5 @@
 """A benchmark through the API on the real stack: asked for with POST, driven by the
-reconciler (``jobs.run_to_end``, one tick at a time) while the job is polled as CI polls it,
+reconciler (``reconciler.run_to_end``, one tick at a time) while the job is polled as CI polls it,
 then read back through ``/results/``: a real Triton, real Redis, the runner process."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from fleet.models import Membership
 from fleet.tenancy import tokens
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import reconciler
 from rollouts.models import BenchmarkJob, ModelLoad
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures import sent_tasks
@@ -49,7 +49,7 @@ def test_a_sweep_asked_for_through_the_api_is_polled_to_consistent_figures(world
 
     seen: list[dict[str, Any]] = []
     for _ in range(600):
-        jobs.run_to_end(job_id, max_ticks=1, tick_s=0.1)
+        reconciler.run_to_end(job_id, max_ticks=1, tick_s=0.1)
         polled = client.get(f"{URL}{job_id}/")
         assert polled.status_code == 200
         seen.append(polled.json())
@@ -126,7 +126,7 @@ def test_the_cli_starts_a_sweep_waits_for_it_and_prints_its_summary(world, live_
         deadline = time.monotonic() + 60
         while not BenchmarkJob.objects.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        job = jobs.run_to_end(BenchmarkJob.objects.get().pk)
+        job = reconciler.run_to_end(BenchmarkJob.objects.get().pk)
         out, err = waiter.communicate(timeout=60)
     finally:
         if waiter.poll() is None:

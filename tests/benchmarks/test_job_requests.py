@@ -67,7 +67,7 @@ def test_runner_files_older_than_a_week_go_except_an_active_jobs(settings, tmp_p
     import os
     import time
 
-    from rollouts.benchmarks import jobs
+    from rollouts.benchmarks import runs
 
     settings.DATA_DIR = tmp_path
     folder = tmp_path / "benchmarks"
@@ -83,7 +83,7 @@ def test_runner_files_older_than_a_week_go_except_an_active_jobs(settings, tmp_p
         server=_server(), protocol="triton_http", levels=[1], state="running", run_id="running",
         requested_by_label="t")
 
-    assert jobs.prune_runner_files() == 1
+    assert runs.prune_runner_files() == 1
     assert not old.exists() and fresh.exists() and running.exists()
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollouts.benchmarks import jobs, results
+from rollouts.benchmarks import reconciler, results
+from rollouts.benchmarks import requests as job_requests
+from rollouts.loads import reconciler as load_reconciler
+from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, ModelLoad
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.triton]
@@ -13,8 +16,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.triton]
 def sweep(world, version, **kwargs):
     fields = {"levels": [1, 2, 4, 8, 16], "duration_s": 2, "warmup_s": 0.5,
               "slo": {"p99_ms": 40}, **kwargs}
-    job, _ = jobs.create_job(world.user, world.deployment, version=version.version, **fields)
-    return jobs.run_to_end(job.pk)
+    job, _ = job_requests.create_job(world.user, world.deployment, version=version.version, **fields)
+    return reconciler.run_to_end(job.pk)
 
 
 def test_slower_version_carries_less_load_within_its_slo(world):
@@ -86,7 +89,7 @@ def test_cancel_stops_the_load_within_a_second_and_unloads(world):
     import httpx
 
     world.version(1)
-    job, _ = jobs.create_job(world.user, world.deployment, version=1, levels=[4], duration_s=60,
+    job, _ = job_requests.create_job(world.user, world.deployment, version=1, levels=[4], duration_s=60,
                              warmup_s=0, refine_steps=0)
     stop = threading.Event()
 
@@ -96,8 +99,8 @@ def test_cancel_stops_the_load_within_a_second_and_unloads(world):
             if current.state in BenchmarkJob.FINAL:
                 return
             if current.load_id:
-                jobs.loads.advance(current.load_id)
-            jobs.advance(job.pk)
+                load_reconciler.advance(current.load_id)
+            reconciler.advance(job.pk)
             time.sleep(0.2)
 
     thread = threading.Thread(target=drive, daemon=True)
@@ -125,7 +128,7 @@ def test_cancel_stops_the_load_within_a_second_and_unloads(world):
         pytest.fail("the job never got going")
     assert with_progress.phase.startswith("sweeping default: level 1")
 
-    jobs.cancel(world.user, with_progress)
+    job_requests.cancel(world.user, with_progress)
     cancelled_at = time.monotonic()
     last, quiet_since = executions(), None
     while time.monotonic() - cancelled_at < 5:
@@ -145,7 +148,7 @@ def test_cancel_stops_the_load_within_a_second_and_unloads(world):
     ended = BenchmarkJob.objects.get(pk=job.pk)
     assert ended.state == BenchmarkJob.State.CANCELLED and "cancelled by" in ended.phase
     load = ModelLoad.objects.get(pk=ended.load_id)
-    jobs.loads.run_to_end(load.pk)
+    load_reconciler.run_to_end(load.pk)
     assert ModelLoad.objects.get(pk=load.pk).state == ModelLoad.State.UNLOADED
     assert ended.results[0]["levels"] and ended.results[0]["levels"][0]["cancelled"]
 
@@ -169,19 +172,19 @@ def test_a_server_that_is_gone_fails_the_job_readably(world, triton_runtime, tmp
             model_repository=str(repository), log_path=str(tmp_path / "triton.log"))
         world.deployment.servers.add(server)
         version = world.version(1)
-        rows, _ = jobs.loads.request_load(world.user, world.deployment, version, server_names=["doomed"])
-        assert jobs.loads.run_to_end(rows[0].pk).state == ModelLoad.State.READY
+        rows, _ = loads.request_load(world.user, world.deployment, version, server_names=["doomed"])
+        assert load_reconciler.run_to_end(rows[0].pk).state == ModelLoad.State.READY
         os.kill(proc.pid, signal.SIGKILL)
         # Its inputs read from the model's metadata: the first call already finds nobody.
-        job, _ = jobs.create_job(world.user, world.deployment, version=1, server="doomed",
+        job, _ = job_requests.create_job(world.user, world.deployment, version=1, server="doomed",
                                  levels=[1, 2], duration_s=1, warmup_s=0)
-        from_metadata = jobs.run_to_end(job.pk)
+        from_metadata = reconciler.run_to_end(job.pk)
         # Inputs given: the load generator finds nobody.
-        job, _ = jobs.create_job(world.user, world.deployment, version=1, server="doomed",
+        job, _ = job_requests.create_job(world.user, world.deployment, version=1, server="doomed",
                                  levels=[1, 2], duration_s=1, warmup_s=0,
                                  request={"inputs": [{"name": "INPUT0", "shape": [2],
                                                       "datatype": "FP32", "data": [0.1, 0.2]}]})
-        from_runner = jobs.run_to_end(job.pk)
+        from_runner = reconciler.run_to_end(job.pk)
     finally:
         proc.stop()
     assert from_metadata.state == BenchmarkJob.State.FAILED
@@ -197,12 +200,12 @@ def test_one_job_per_server_and_quota_first(world):
     from console.exceptions import Conflict, QuotaExceeded
 
     world.version(1)
-    first, _ = jobs.create_job(world.user, world.deployment, version=1, levels=[1])
+    first, _ = job_requests.create_job(world.user, world.deployment, version=1, levels=[1])
     with pytest.raises(Conflict) as busy:
-        jobs.create_job(world.user, world.deployment, version=1, levels=[2])
+        job_requests.create_job(world.user, world.deployment, version=1, levels=[2])
     assert busy.value.field == "server" and f"benchmark {first.pk}" in str(busy.value)
-    jobs.cancel(world.user, first)
-    jobs.run_to_end(first.pk)
+    job_requests.cancel(world.user, first)
+    reconciler.run_to_end(first.pk)
     with pytest.raises(QuotaExceeded) as short:  # the world's quota holds 4 cpu instances
-        jobs.create_job(world.user, world.deployment, version=1, configs=[{"instance_group": 8}])
+        job_requests.create_job(world.user, world.deployment, version=1, configs=[{"instance_group": 8}])
     assert short.value.field == "quota" and "asks 8, 4 left of 4" in str(short.value)

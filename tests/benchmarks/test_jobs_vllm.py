@@ -3,7 +3,7 @@ level agrees with vLLM's own histograms for the same window.
 
 GIVEN the session's vLLM registered as a server of a local cluster, with a base-model version
 of "smollm2" already READY on it (so the job measures it as it is, without rolling the server
-process), WHEN a job sweeps it through the real runner process (jobs.run_to_end), THEN every
+process), WHEN a job sweeps it through the real runner process (reconciler.run_to_end), THEN every
 level has TTFT, inter-token latency and token figures that match what vLLM's ``/metrics`` says
 happened between the two scrapes that bracket the measured window.
 
@@ -44,7 +44,8 @@ import pytest
 
 from fleet.adapters.metrics import Counters, Histogram, scrape
 from fleet.models import Cluster, InferenceServer, Membership, Node
-from rollouts.benchmarks import coroutine_drivers, jobs
+from rollouts.benchmarks import coroutine_drivers, reconciler
+from rollouts.benchmarks import requests as job_requests
 from rollouts.benchmarks.runner import server_summary
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.factories import (
@@ -122,8 +123,8 @@ def in_flight_at_an_edge(level: dict, rate: float) -> float:
 
 def run_job(vworld, **fields) -> BenchmarkJob:
     fields = {"refine_steps": 0, "slo": GENEROUS_SLO, "request": REQUEST, **fields}
-    job, _ = jobs.create_job(vworld["user"], vworld["deployment"], version=1, **fields)
-    job = jobs.run_to_end(job.pk)
+    job, _ = job_requests.create_job(vworld["user"], vworld["deployment"], version=1, **fields)
+    job = reconciler.run_to_end(job.pk)
     assert job.state == BenchmarkJob.State.SUCCEEDED, job.error or job.phase
     # The job measured the load that was there and left it as it was.
     assert job.load_id == vworld["load"].pk and not job.loaded_by_job

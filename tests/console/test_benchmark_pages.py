@@ -4,7 +4,8 @@ on the version page; each by persona (deployer and viewer of the job's tenant, a
 tenant's admin, anonymous).
 
 Jobs are rows in the state a test needs, their results in the shape the runner writes; the
-start form goes through ``jobs.create_job`` (nothing is run: the reconciler's task is kept).
+start form goes through ``requests.create_job`` (nothing is run: the reconciler's task is
+kept).
 The run itself, on the real Triton, is tests/console/test_browser_benchmarks.py.
 """
 

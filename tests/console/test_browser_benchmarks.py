@@ -4,7 +4,7 @@ config loaded through the load path, the REAL runner process sweeping the levels
 through the REAL Redis.
 
 No Celery worker: the test thread advances the job and its loads tick by tick (as
-``jobs.run_to_end`` does, as a worker's ticks would) while the page polls, and between ticks
+``reconciler.run_to_end`` does, as a worker's ticks would) while the page polls, and between ticks
 reads what the page shows. Screenshots go to ``artifacts/screenshots/``.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion
 from tests.console.test_browser import screenshot
@@ -90,7 +90,7 @@ def test_a_deployer_runs_a_config_sweep_from_the_console_and_registers_the_best(
                 break
             if row.load_id:
                 load_reconciler.advance(row.load_id)
-            _state, again = jobs.advance(job.pk)
+            _state, again = benchmark_reconciler.advance(job.pk)
             if not again:
                 time.sleep(0.2)
             bar = page.locator("#benchmark-progress")

@@ -1,253 +1,45 @@
-"""Benchmark jobs: ask for one, and the reconciler that carries it out.
+"""The reconciler of benchmark jobs: carries a job out, one step at a time.
 
-A job measures one version on one fleet server of a deployment (never an arbitrary URL):
-for each config it compares (the version's own when ``configs`` is empty) it gets the
-version ready there through the load path (admitted against the tenant's quota), starts a
-runner process (:mod:`.runner`) that sweeps the levels, follows it through Redis, records
-what it measured, and unloads what the job loaded. The best config is the one with the most
-load within the SLO.
+For each config the job compares it gets the version ready on the server through the load path
+(admitted against the tenant's quota), starts a run of the load generator (:mod:`.runs`) that
+sweeps the levels, follows it through Redis, records what it measured, and unloads what the job
+loaded. The best config is the one with the most load within the SLO.
 
-:func:`advance` does at most one step under a lease, like loads and rollouts, and never
-waits for the load generator: a worker stays free while a sweep runs. One job per server at
-a time (a partial unique constraint). Cancelling sets the runner's stop flag in Redis at once
-(the load stops within a second) and the next tick unloads and ends the job.
+:func:`advance` does at most one step under a lease, like loads and rollouts, and never waits
+for the load generator: a worker stays free while a sweep runs. A cancelled job (its stop flag
+set by :func:`rollouts.benchmarks.requests.cancel`) is unloaded and ended by the next step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import os
-import subprocess
-import sys
+import time
 import traceback
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import redis
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
-from console.celery import send_now
-from console.exceptions import Conflict, DomainError, QuotaExceeded
+from console.exceptions import DomainError
 from fleet import audit
-from fleet.audit import actor_label
-from fleet.models import InferenceServer, Membership
-from fleet.quota import admission as quota
-from fleet.tenancy.scoping import require_role, token_of
 from rollouts import leases
-from rollouts.benchmarks import sweep
+from rollouts.benchmarks import runs
 from rollouts.benchmarks.results import summarize_job
-from rollouts.benchmarks.specs import (
-    LIMITS,
-    at_least_zero,
-    config_label,
-    full_config,
-    key_prefix,
-    parse_configs,
-    parse_levels,
-    parse_request,
-    positive_number,
-    protocol_for,
-    slo_for,
-    spec_for,
-)
-from rollouts.loads import demand
+from rollouts.benchmarks.specs import config_label, full_config, spec_for
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
-from rollouts.models import BenchmarkJob, Deployment, ModelLoad, ModelVersion
+from rollouts.models import BenchmarkJob, ModelLoad
 
 log = logging.getLogger(__name__)
 
 State = BenchmarkJob.State
-Protocol = BenchmarkJob.Protocol
 
-RUNNER_FILES_KEPT_S = 7 * 24 * 3600  # runner logs are kept a week
 RUNNER_GRACE_S = 15.0  # a runner not heard from this long after its start has died
-TICK_S = 1.0
-
-
-def _server(deployment: Deployment, name: object) -> InferenceServer:
-    servers = list(deployment.servers.all())
-    if name in (None, ""):
-        if len(servers) == 1:
-            return servers[0]
-        raise DomainError("name the server to benchmark on (the deployment has "
-                          f"{len(servers)})", field="server")
-    found = next((s for s in servers if s.name == name), None)
-    if found is None:
-        raise DomainError(f"deployment {deployment.name} has no server named {name!r}"[:200],
-                          field="server")
-    return found
-
-
-def _check_quota(deployment: Deployment, version: ModelVersion, server: InferenceServer,
-                 configs: list[dict[str, Any]]) -> None:
-    """Refuse up front what the loads would be refused: the largest config must fit."""
-    if ModelLoad.objects.filter(server=server, version=version, state=ModelLoad.State.READY).exists() \
-            and not configs:
-        return
-    device_class = quota.device_class_of(server)
-    for override in configs or [None]:
-        units, memory = demand.demand_of(version, device_class, full_config(version, override))
-        decision = quota.assess(deployment.tenant, device_class, units, memory)
-        if not decision.admitted:
-            raise QuotaExceeded(f"config {config_label(override)} of v{version.version}: "
-                                f"{decision.refusal()}", field="quota")
-
-
-def _shares_production(server: InferenceServer) -> bool:
-    return ModelLoad.objects.filter(
-        server=server, state=ModelLoad.State.READY, deployment__production=True
-    ).exists()
-
-
-def create_job(
-    actor: Any,
-    deployment: Deployment,
-    *,
-    version: object,
-    server: object = None,
-    protocol: object = None,
-    mode: object = BenchmarkJob.Mode.CONCURRENCY,
-    levels: object = None,
-    duration_s: object = 10,
-    warmup_s: object = 2,
-    max_requests: object = 0,
-    refine_steps: object = sweep.DEFAULT_REFINE_STEPS,
-    error_limit: object = sweep.DEFAULT_ERROR_LIMIT,
-    slo: object = None,
-    request: object = None,
-    configs: object = None,
-    idempotency_key: str = "",
-) -> tuple[BenchmarkJob, bool]:
-    """Ask for a benchmark (deployer role); returns (job, made now). A job already running
-    on the server is a Conflict; the same ``idempotency_key`` replays the first request."""
-    require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
-    if deployment.archived_at is not None:
-        raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
-    number = version
-    if isinstance(number, bool) or not isinstance(number, int):
-        raise DomainError("a version number", field="version")
-    found = deployment.model.versions.filter(version=number).first()
-    if found is None:
-        raise DomainError(f"{deployment.model.name} has no version {number}", field="version")
-    target = _server(deployment, server)
-    if mode not in BenchmarkJob.Mode.values:
-        raise DomainError(f"one of {', '.join(BenchmarkJob.Mode.values)}", field="mode")
-    chosen_protocol = protocol_for(found, target, protocol)
-    parsed_configs = parse_configs(configs, found)
-    fields: dict[str, Any] = {
-        "version": found, "server": target, "protocol": chosen_protocol, "mode": mode,
-        "levels": parse_levels(levels if levels is not None else
-                               ([1, 2, 4, 8, 16] if mode == BenchmarkJob.Mode.CONCURRENCY
-                                else [10, 50, 100, 200]), mode),
-        "duration_s": positive_number(duration_s, "duration_s", LIMITS["duration_s"]),
-        "warmup_s": at_least_zero(warmup_s, "warmup_s", LIMITS["warmup_s"]),
-        "max_requests": int(at_least_zero(max_requests, "max_requests", LIMITS["max_requests"],
-                                           integer=True)),
-        "refine_steps": int(at_least_zero(refine_steps, "refine_steps", LIMITS["refine_steps"],
-                                           integer=True)),
-        "error_limit": positive_number(error_limit, "error_limit", 1.0),
-        "slo": slo_for(deployment, slo),
-        "request": parse_request(request, chosen_protocol),
-        "configs": parsed_configs,
-    }
-    if parsed_configs and ModelLoad.objects.filter(
-            server=target, version__model=found.model, state__in=[ModelLoad.State.READY, *ModelLoad.IN_FLIGHT],
-    ).exists():
-        raise Conflict(f"a config sweep loads {found.model.name} on {target.name} once per config: "
-                       f"unload it there first, or choose a server where it is not loaded",
-                       field="configs")
-    if not parsed_configs:
-        loads.check_loadable(deployment, found)
-    loads.check_runtime(found, [target])
-    _check_quota(deployment, found, target, parsed_configs)
-    fingerprint = hashlib.sha256(json.dumps(
-        {k: (v.pk if hasattr(v, "pk") else v) for k, v in fields.items()}, sort_keys=True,
-        default=str).encode()).hexdigest()
-    token = token_of(actor)
-    try:
-        with transaction.atomic():
-            if idempotency_key:
-                earlier = BenchmarkJob.objects.filter(
-                    tenant=deployment.tenant, idempotency_key=idempotency_key).first()
-                if earlier is not None:
-                    leases.check_replay(earlier.request_fingerprint, fingerprint)
-                    return earlier, False
-            _refuse_busy(target)
-            job = BenchmarkJob.objects.create(
-                tenant=deployment.tenant, deployment=deployment, **fields,
-                shares_production=_shares_production(target),
-                phase="queued", idempotency_key=idempotency_key, request_fingerprint=fingerprint,
-                requested_by=None if token else actor, requested_by_token=token,
-                requested_by_label=actor_label(actor),
-            )
-            audit.record(actor, "requested_benchmark", job, tenant=deployment.tenant,
-                         after={"version": found.version, "server": target.name,
-                                "levels": fields["levels"], "configs": len(parsed_configs)})
-            transaction.on_commit(lambda: _enqueue(job.pk))
-    except IntegrityError:
-        _refuse_busy(target)
-        raise
-    return job, True
-
-
-def _refuse_busy(server: InferenceServer) -> None:
-    busy = BenchmarkJob.objects.filter(server=server, state__in=BenchmarkJob.ACTIVE).first()
-    if busy is not None:
-        raise Conflict(f"benchmark {busy.pk} is {busy.state} on {server.name}: one job per "
-                       "server at a time", field="server")
-
-
-def _enqueue(job_id: int) -> None:
-    try:
-        send_now("rollouts.tasks.advance_benchmark", job_id)
-    except Exception:
-        log.warning("benchmark %s: could not enqueue; the next tick takes it", job_id)
-
-
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _key(job: BenchmarkJob, name: str) -> str:
-    return f"{key_prefix()}{job.run_id}:{name}"
-
-
-def cancel(actor: Any, job: BenchmarkJob) -> BenchmarkJob:
-    """Stop a job: the runner's stop flag is set at once, the reconciler does the rest."""
-    require_role(actor, job.tenant, Membership.Role.DEPLOYER)
-    label = actor_label(actor)
-    with transaction.atomic():
-        locked = BenchmarkJob.objects.select_for_update().get(pk=job.pk)
-        if locked.state in BenchmarkJob.FINAL:
-            raise Conflict(f"benchmark {job.pk} is {locked.state} already", field="state")
-        if not locked.cancel_requested_by:
-            BenchmarkJob.objects.filter(pk=job.pk).update(cancel_requested_by=label, updated_at=timezone.now())
-            audit.record(actor, "cancelled_benchmark", locked, tenant=job.tenant)
-        run_id = locked.run_id
-    if run_id:
-        locked.run_id = run_id
-        try:
-            _redis().set(_key(locked, "cancel"), label, ex=3600)
-        except redis.RedisError:
-            log.warning("benchmark %s: Redis unreachable for the stop flag; the runner is "
-                        "stopped at the next tick", job.pk)
-    transaction.on_commit(lambda: _enqueue(job.pk))
-    job.refresh_from_db()
-    return job
-
-
-# --------------------------------------------------------------------------------------------
-# The reconciler
-# --------------------------------------------------------------------------------------------
 
 
 def _claim(job_id: int) -> BenchmarkJob | None:
@@ -277,57 +69,7 @@ def _finish(job: BenchmarkJob, state: str, phase: str, **fields: Any) -> None:
             progress=1.0 if state == State.SUCCEEDED else job.progress, **fields)
     audit.record(None, f"benchmark_{state}", job, tenant=job.tenant,
                  after={"phase": phase[:300], "summary": job.summary})
-    _cleanup_run(job)
-
-
-def _cleanup_run(job: BenchmarkJob) -> None:
-    """Stop a runner that may still be going, and drop its spec file."""
-    if job.run_id:
-        with contextlib.suppress(redis.RedisError):
-            _redis().set(_key(job, "cancel"), "1", ex=3600)
-        _spec_path(job.run_id).unlink(missing_ok=True)
-    _kill_runner(job)
-
-
-def _kill_runner(job: BenchmarkJob) -> None:
-    if not job.runner_pid:
-        return
-    try:
-        proc = psutil.Process(job.runner_pid)
-        if "rollouts.benchmarks.runner" in " ".join(proc.cmdline()):
-            proc.terminate()
-            try:
-                proc.wait(timeout=2)
-            except psutil.TimeoutExpired:
-                proc.kill()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        pass
-
-
-def _spec_path(run_id: str) -> Path:
-    folder = Path(settings.DATA_DIR) / "benchmarks"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{run_id}.json"
-
-
-def prune_runner_files(max_age_s: float = RUNNER_FILES_KEPT_S) -> int:
-    """Remove runner logs (and specs left by a worker that died) older than ``max_age_s``,
-    except those of jobs still active; returns how many went."""
-    import time
-
-    folder = Path(settings.DATA_DIR) / "benchmarks"
-    if not folder.is_dir():
-        return 0
-    active = set(BenchmarkJob.objects.filter(state__in=BenchmarkJob.ACTIVE)
-                 .exclude(run_id="").values_list("run_id", flat=True))
-    cutoff = time.time() - max_age_s
-    removed = 0
-    for path in folder.iterdir():
-        if path.suffix in (".json", ".log") and path.stem not in active and \
-                path.stat().st_mtime < cutoff:
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
+    runs.stop_run(job)
 
 
 def _current_override(job: BenchmarkJob) -> dict[str, Any] | None:
@@ -430,49 +172,18 @@ def _start_runner(job: BenchmarkJob) -> None:
         _config_failed(job, f"server {job.server.name} did not answer for "
                             f"{job.version.model.name}'s inputs ({job.server.http_url}): {exc}")
         return
-    path = _spec_path(run_id)
-    path.write_text(json.dumps(spec))
-    log_path = path.with_suffix(".log")
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rollouts.benchmarks.runner", str(path)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(Path(settings.BASE_DIR)), env={**os.environ},
-        )
-    _RUNNERS[proc.pid] = proc
-    _update(job, run_id=run_id, runner_pid=proc.pid, runner_started_at=timezone.now(),
+    pid = runs.launch_runner(spec, run_id)
+    _update(job, run_id=run_id, runner_pid=pid, runner_started_at=timezone.now(),
             phase=f"sweeping {config_label(_current_override(job))}: starting the load generator")
 
 
-_RUNNERS: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _reap() -> None:
-    for pid, proc in list(_RUNNERS.items()):
-        if proc.poll() is not None:
-            _RUNNERS.pop(pid, None)
-
-
-def _read_run(job: BenchmarkJob) -> tuple[list[dict[str, Any]], dict[str, Any] | None,
-                                         dict[str, Any] | None, bool]:
-    client = _redis()
-    pipe = client.pipeline()
-    pipe.lrange(_key(job, "levels"), 0, -1)
-    pipe.get(_key(job, "current"))
-    pipe.get(_key(job, "done"))
-    pipe.exists(_key(job, "alive"))
-    levels_raw, current, done, alive = pipe.execute()
-    return ([json.loads(x) for x in levels_raw], json.loads(current) if current else None,
-            json.loads(done) if done else None, bool(alive))
-
-
 def _running(job: BenchmarkJob) -> bool:
-    _reap()
+    runs.reap_runners()
     if not job.run_id:
         _start_runner(job)
         return False
     try:
-        levels, current, done, alive = _read_run(job)
+        levels, current, done, alive = runs.read_run(job)
     except redis.RedisError as exc:
         _update(job, phase=f"Redis unreachable, following the sweep again soon: {exc}"[:300])
         return False
@@ -499,7 +210,7 @@ def _running(job: BenchmarkJob) -> bool:
     started = job.runner_started_at or timezone.now()
     if not alive and (timezone.now() - started).total_seconds() > RUNNER_GRACE_S:
         tail = ""
-        log_path = _spec_path(job.run_id).with_suffix(".log")
+        log_path = runs.spec_path(job.run_id).with_suffix(".log")
         if log_path.exists():
             tail = log_path.read_text(errors="replace")[-1000:]
         return _config_failed(job, f"the load generator (pid {job.runner_pid}) stopped without "
@@ -564,10 +275,10 @@ def _best_phrase(job: BenchmarkJob, summary: dict[str, Any]) -> str:
 
 def _cancelling(job: BenchmarkJob) -> bool:
     """A cancel: stop the runner (its flag is set), then unload what the job loaded."""
-    _cleanup_run(job)
+    runs.stop_run(job)
     if job.run_id:
         try:
-            levels, _current, _done, _alive = _read_run(job)
+            levels, _current, _done, _alive = runs.read_run(job)
             _entry(job)["levels"] = levels
         except redis.RedisError:
             pass
@@ -624,8 +335,6 @@ def due_jobs() -> list[int]:
 def run_to_end(job_id: int, *, max_ticks: int = 2000, tick_s: float = 0.2) -> BenchmarkJob:
     """Advance the job and the loads it asked for until it ends (scripts, the bench and
     tests: no worker needed)."""
-    import time
-
     for _ in range(max_ticks):
         job = BenchmarkJob.objects.get(pk=job_id)
         if job.state in BenchmarkJob.FINAL:
