@@ -15,7 +15,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from fleet.models import Cluster
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import reconciler
 from rollouts.models import BenchmarkJob, ModelVersion
 from tests.api.benchmark_rows import finished_job, queued_job
 from tests.factories import (
@@ -353,7 +353,7 @@ def test_cancel_answers_202_and_the_next_tick_ends_the_job_cancelled(dave, setup
     assert response.status_code == 202, response.content
     assert response.json()["cancel_requested_by"] == "dave"
     assert response.json()["state"] == "queued"
-    jobs.advance(made["id"])
+    reconciler.advance(made["id"])
     after = api_as(dave).get(f"{URL}{made['id']}/").json()
     assert (after["state"], after["phase"], after["is_final"]) == (
         "cancelled", "cancelled by dave", True)
