@@ -16,7 +16,7 @@ from .registry import ModelVersion
 
 class BenchmarkJob(IdempotentJob):
     """A load sweep against one version on one server of a deployment, advanced by an
-    idempotent reconciler (``rollouts.benchmarks.jobs``).
+    idempotent reconciler (``rollouts.benchmarks.reconciler``).
 
     States: queued → loading (the version, with the config being measured, loaded through
     the load path when it is not ready there) → running (a runner process drives the levels;
