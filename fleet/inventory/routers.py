@@ -16,6 +16,9 @@
 * anything else (a Kubernetes cluster without ``kube_router``, a static cluster without a
   router): no router.
 
+:func:`has_router` says which clusters have one without building it (a Kubernetes router
+reaches the cluster's API); :func:`routed_clusters` says the same as a query filter.
+
 The nginx routers send each request's JSON sample as a UDP syslog message to the collector at
 ``SWITCHYARD_COLLECTOR_HOST:SWITCHYARD_COLLECTOR_PORT``; a Kubernetes gateway's access log is
 its own (see the routers' documentation).
@@ -27,6 +30,7 @@ import shlex
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import Q
 
 from console.exceptions import DomainError
 from fleet.adapters.routers import nginx_paths
@@ -55,8 +59,31 @@ def local_router_options() -> dict[str, object]:
     }
 
 
+def has_router(cluster: Cluster) -> bool:
+    """Whether ``cluster`` has a traffic router: a local cluster, a static cluster naming its
+    nginx, a Kubernetes cluster naming its router. Its settings may still be unusable:
+    :func:`router_for` says so when it builds the router."""
+    if cluster.kind == Cluster.Kind.KUBERNETES:
+        return bool(cluster.kube_router)
+    return cluster.kind == Cluster.Kind.LOCAL or (
+        cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX
+    )
+
+
+def routed_clusters(prefix: str = "") -> Q:
+    """:func:`has_router` as a filter; ``prefix`` is the path from the queried model to its
+    cluster (``"cluster__"`` for deployments)."""
+    return (
+        Q(**{f"{prefix}kind": Cluster.Kind.LOCAL})
+        | Q(**{f"{prefix}kind": Cluster.Kind.STATIC, f"{prefix}router_kind": Cluster.RouterKind.NGINX})
+        | (Q(**{f"{prefix}kind": Cluster.Kind.KUBERNETES}) & ~Q(**{f"{prefix}kube_router": ""}))
+    )
+
+
 def router_for(cluster: Cluster) -> TrafficRouter | None:
-    """The traffic router of ``cluster``, or None when it has none."""
+    """The traffic router of ``cluster``, or None when it has none (:func:`has_router`)."""
+    if not has_router(cluster):
+        return None
     ports = settings.SWITCHYARD_ROUTE_PORTS
     if cluster.kind == Cluster.Kind.LOCAL:
         listen = settings.SWITCHYARD_LOCAL_ROUTE_LISTEN_HOST
@@ -67,7 +94,7 @@ def router_for(cluster: Cluster) -> TrafficRouter | None:
             ports=ports,
             access_log=_access_log(),
         )
-    if cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX:
+    if cluster.kind == Cluster.Kind.STATIC:
         return NginxRouter(
             Path(cluster.router_conf_dir),
             nginx=nginx_paths.nginx_binary(),
@@ -80,9 +107,7 @@ def router_for(cluster: Cluster) -> TrafficRouter | None:
             check_ports=False,
             access_log=_access_log(),
         )
-    if cluster.kind == Cluster.Kind.KUBERNETES and cluster.kube_router:
-        return _kube_router(cluster)
-    return None
+    return _kube_router(cluster)
 
 
 def _kube_router(cluster: Cluster) -> TrafficRouter:

@@ -26,7 +26,7 @@ from fleet.adapters.routers.base import POLICIES, WEIGHTED
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin
 from fleet.api.refs import IdOrNameField
 from rollouts.models import Deployment, Route, RouteRevision
-from rollouts.traffic import routes
+from rollouts.traffic import routes, specs
 
 VERSION_KEY = re.compile(r"^[1-9][0-9]{0,9}$")
 HEADER = r"^[A-Za-z][A-Za-z0-9-]{0,63}$"
@@ -251,12 +251,12 @@ class RouteChangeSerializer(StrictFieldsMixin, serializers.Serializer):
             header = current.sticky_header if keep and policy == Route.Policy.STICKY else ""
         if "mirror" in data:
             mirror = data["mirror"]
-            target = None if mirror is None else routes.MirrorTarget(
+            target = None if mirror is None else specs.MirrorTarget(
                 version=mirror["version"], percent=mirror["percent"],
                 server=mirror.get("server", ""))
         else:
             now = _mirror_of(current.spec, current.variants) if keep else None
-            target = None if now is None else routes.MirrorTarget(
+            target = None if now is None else specs.MirrorTarget(
                 version=now["version"], percent=now["percent"], server=now["server"])
         return {"weights": weights, "policy": policy, "sticky_header": header,
                 "mirror": target, "reason": data.get("reason", "")}

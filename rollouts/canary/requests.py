@@ -62,6 +62,7 @@ from console.celery import send_soon
 from console.exceptions import Conflict, DomainError
 from fleet import audit
 from fleet.audit import actor_label
+from fleet.inventory.routers import has_router
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
 from fleet.tenancy.tokens import person_id
@@ -345,7 +346,7 @@ def create_rollout(
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     if deployment.archived_at is not None:
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
-    if not routes.has_router(deployment.cluster):
+    if not has_router(deployment.cluster):
         raise Conflict(f"cluster {deployment.cluster.name} has no traffic router: rollouts "
                        "move traffic through one", field="deployment")
     if strategy not in Rollout.Strategy.values:

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
 from console.paging import paginate, querystring_without_page
+from fleet.inventory.routers import has_router
 from fleet.models import AuditEvent, InferenceServer, Membership, Placement, Tenant
 from fleet.tenancy.scoping import has_role, require_role
 from fleet.tenancy.visibility import reported_models
@@ -255,7 +256,7 @@ def _traffic_context(
         "route_split": split,
         "route_revisions": route.revisions.all()[:10] if route is not None else [],
         "route_form": form if can_deploy and isinstance(form, RouteForm) else None,
-        "has_router": routes.has_router(deployment.cluster),
+        "has_router": has_router(deployment.cluster),
         "can_route": can_deploy,
         "traffic_window_s": TRAFFIC_WINDOW_S,
     }

@@ -4,27 +4,13 @@ A deployment's route is what its clients call: one stable URL on the cluster's t
 (``fleet.inventory.routers.router_for``), named ``dep-<deployment id>``, in front of one variant per
 version ready on one of its servers, named ``v<version>-<server>``. :func:`set_route` is the
 one use case behind the API and the console: it checks the caller's role and the request,
-builds the router's :class:`~fleet.adapters.routers.base.RouteSpec`, puts it in force and records
+builds the router's :class:`~fleet.adapters.routers.base.RouteSpec` (``rollouts.traffic.specs``), puts it in force and records
 the change (a :class:`~rollouts.models.RouteRevision` and an audit entry) with the router's
 answer. A change the router refuses (nginx failing ``nginx -t`` or its reload) leaves the
 route in force as it was: the revision is recorded as failed with the router's message and
 the caller gets a 409 naming ``route``.
 
-What a route is made of, by runtime:
-
-* Triton (``kserve-v2``): a variant per (ready version, server); a request for
-  ``/v2/models/<any>/...`` reaches ``/v2/models/<model>/versions/<n>/...`` on its server,
-  so versions on one server are split as well as servers.
-* vLLM base models (``openai``): a variant per server (a vLLM server runs one base version).
-* vLLM LoRA adapters (``openai``): the OpenAI paths carry the model name in the request body,
-  which the router passes through, so a route splits by server only and clients name the
-  adapter they want (``support-bot-v3``, ``fleet.adapters.vllm.adapter_name``). A server's
-  adapters cannot be told apart by the router, so at most one adapter version per server may
-  carry weight.
-
-Weights are given per version (split evenly over the servers it is ready on, the remainder
-going to the first servers by name, so the result is the same every time) or per (version,
-server); ready versions not named get 0. They are integers summing to 100.
+What a route is made of, by runtime, and how its weights are given: ``rollouts.traffic.specs``.
 
 The default route (:func:`ensure_route`) sends everything to the version the production alias
 names, when it is ready, else to the newest ready version. It is made by the console's and the
@@ -44,10 +30,8 @@ traffic (or receives mirrored copies), or any version while a change is being ap
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -60,61 +44,25 @@ from console.exceptions import Conflict, DomainError
 from fleet import audit
 from fleet.adapters.base import AdapterError
 from fleet.adapters.routers.base import (
-    KSERVE_V2,
-    OPENAI,
     WEIGHTED,
-    Mirror,
     RouteSpec,
     RouteSpecError,
     TrafficRouter,
-    Variant,
-    validate_route,
 )
-from fleet.inventory.routers import router_for
-from fleet.models import Cluster, InferenceServer, Membership
+from fleet.inventory.routers import routed_clusters, router_for
+from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
 from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Route, RouteRevision
+from rollouts.traffic import specs
+from rollouts.traffic.specs import ROUTE, MirrorTarget, Weights, route_name
 
 log = logging.getLogger(__name__)
 
-ROUTE = "route"  # the field a refusal of the router (or of the route as a whole) names
-MAX_VARIANT_NAME = 63
 PRODUCTION_ALIAS = "production"
-
-Weights = Mapping[Any, Any]  # version number -> weight, or (version number, server name) -> weight
 
 
 class RouteFailed(Conflict):
     """The router refused the change; the route in force before it stays in force."""
-
-
-@dataclass(frozen=True)
-class MirrorTarget:
-    """Copy ``percent`` % of the requests to ``version`` (on ``server``, or the first server
-    it is ready on, by name); the copies' answers are discarded."""
-
-    version: int
-    percent: int
-    server: str = ""
-
-
-# --------------------------------------------------------------------------------------------
-# Names
-# --------------------------------------------------------------------------------------------
-
-
-def route_name(deployment: Deployment) -> str:
-    """The route's name on the router, and the ``route`` of every sample."""
-    return f"dep-{deployment.pk}"
-
-
-def variant_name(version: int, server: str) -> str:
-    """``v<version>-<server>``, shortened with a hash of the whole when it is too long."""
-    name = f"v{version}-{server}"
-    if len(name) <= MAX_VARIANT_NAME:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[: MAX_VARIANT_NAME - 9].rstrip('-')}-{digest}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,14 +89,6 @@ def router_of(deployment: Deployment) -> TrafficRouter:
     return router
 
 
-def has_router(cluster: Cluster) -> bool:
-    if cluster.kind == Cluster.Kind.KUBERNETES:
-        return bool(cluster.kube_router)
-    return cluster.kind == Cluster.Kind.LOCAL or (
-        cluster.kind == Cluster.Kind.STATIC and cluster.router_kind == Cluster.RouterKind.NGINX
-    )
-
-
 def ready_loads(deployment: Deployment) -> list[ModelLoad]:
     """The deployment's loads that are ready on its servers, by version then server name."""
     return list(
@@ -159,169 +99,6 @@ def ready_loads(deployment: Deployment) -> list[ModelLoad]:
         .select_related("version", "server")
         .order_by("version__version", "server__name", "pk")
     )
-
-
-def _servers_by_version(ready: Iterable[ModelLoad]) -> dict[int, list[InferenceServer]]:
-    found: dict[int, list[InferenceServer]] = {}
-    for load in ready:
-        servers = found.setdefault(load.version.version, [])
-        if load.server not in servers:
-            servers.append(load.server)
-    return found
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shares(deployment: Deployment, weights: Weights, ready: list[ModelLoad]) -> dict[tuple[int, str], int]:
-    """The weight of every (version, server) ready, from the weights asked for."""
-    model = deployment.model
-    by_version = _servers_by_version(ready)
-    known = set(model.versions.values_list("version", flat=True))
-    shares = {(n, s.name): 0 for n, servers in by_version.items() for s in servers}
-    named: dict[int, str] = {}  # version -> "version" or "server": how its weight was given
-    if not isinstance(weights, Mapping) or not weights:
-        raise DomainError("give the weight of at least one ready version", field="weights")
-    for key, weight in weights.items():
-        number, server = key if isinstance(key, tuple) else (key, None)
-        if not _is_int(number) or number not in known:
-            raise DomainError(f"{model.name} has no version {number}", field="weights")
-        where = f"v{number}" + (f" on {server}" if server is not None else "")
-        if not _is_int(weight) or not 0 <= weight <= 100:
-            raise DomainError(
-                f"{where}: a weight is an integer from 0 to 100, got {weight!r}", field="weights"
-            )
-        servers = by_version.get(number, [])
-        how = "version" if server is None else "server"
-        if named.setdefault(number, how) != how:
-            raise DomainError(
-                f"v{number}: give its weight once, either for the version or per server",
-                field="weights",
-            )
-        if not servers:
-            names = ", ".join(s.name for s in deployment.servers.order_by("name")) or "none"
-            raise DomainError(
-                f"v{number} is not ready on the deployment's servers ({names}): load it first",
-                field="weights",
-            )
-        if server is None:
-            base, extra = divmod(weight, len(servers))
-            for index, each in enumerate(servers):
-                shares[(number, each.name)] = base + (1 if index < extra else 0)
-        elif server not in {s.name for s in servers}:
-            raise DomainError(f"v{number} is not ready on {server}: load it there first",
-                              field="weights")
-        else:
-            shares[(number, server)] = weight
-    total = sum(shares.values())
-    if total != 100:
-        raise DomainError(f"must sum to 100, got {total}", field="weights")
-    return shares
-
-
-def _check_adapters(ready: list[ModelLoad], shares: dict[tuple[int, str], int]) -> None:
-    """LoRA adapters on one server are told apart by the request body only: one may carry
-    weight there."""
-    carrying: dict[str, list[int]] = {}
-    for load in ready:
-        key = (load.version.version, load.server.name)
-        if load.version.adapter_of and shares.get(key, 0) > 0:
-            carrying.setdefault(load.server.name, []).append(load.version.version)
-    for server, versions in carrying.items():
-        if len(versions) > 1:
-            listed = ", ".join(f"v{n}" for n in sorted(set(versions)))
-            raise DomainError(
-                f"LoRA adapters {listed} share server {server}: a route splits between servers, "
-                "and clients pick the adapter by the model name they send; give weight to one "
-                "adapter per server",
-                field="weights",
-            )
-
-
-def _build(
-    deployment: Deployment,
-    ready: list[ModelLoad],
-    shares: dict[tuple[int, str], int],
-    policy: str,
-    sticky_header: str,
-    mirror: MirrorTarget | None,
-) -> tuple[RouteSpec, dict[str, dict[str, Any]]]:
-    """The route spec, and what each variant stands for."""
-    kserve = ready[0].version.runtime == ModelVersion.Runtime.TRITON
-    variants: list[Variant] = []
-    meaning: dict[str, dict[str, Any]] = {}
-    names: dict[tuple[int, str], str] = {}
-    for load in ready:
-        key = (load.version.version, load.server.name)
-        if key in names:
-            continue
-        name = variant_name(*key)
-        names[key] = name
-        variants.append(Variant(
-            name=name,
-            upstream=load.server.http_url.rstrip("/"),
-            weight=shares[key],
-            model=load.version.name_on(load.server) if kserve else "",
-            version=load.version.version if kserve else None,
-        ))
-        meaning[name] = {
-            "version_id": load.version_id, "version": load.version.version,
-            "server_id": load.server_id, "server": load.server.name,
-        }
-    spec = RouteSpec(
-        name=route_name(deployment),
-        protocol=KSERVE_V2 if kserve else OPENAI,
-        variants=tuple(variants),
-        policy=policy,
-        sticky_header=sticky_header,
-        mirror=_mirror(deployment, ready, names, mirror),
-    )
-    try:
-        validate_route(spec)
-    except RouteSpecError as exc:
-        raise _spec_refusal(exc) from None
-    return spec, meaning
-
-
-def _spec_refusal(exc: RouteSpecError) -> DomainError:
-    """A route spec refused, as the caller's fault (the field they gave) or the route's."""
-    field = exc.field or ROUTE
-    if field in ("policy", "sticky_header", "weights"):
-        return DomainError(exc.message, field=field)
-    if field.startswith("mirror"):
-        return DomainError(exc.message, field="mirror")
-    # A variant the deployment's own servers make unroutable (their URL, or a router that
-    # cannot tell them apart): not the caller's input, the route as a whole cannot be made.
-    return Conflict(f"cannot route to the deployment's servers: {field} {exc.message}",
-                    field=ROUTE)
-
-
-def _mirror(
-    deployment: Deployment,
-    ready: list[ModelLoad],
-    names: dict[tuple[int, str], str],
-    mirror: MirrorTarget | None,
-) -> Mirror | None:
-    if mirror is None:
-        return None
-    if not _is_int(mirror.percent) or not 0 <= mirror.percent <= 100:
-        raise DomainError(f"percent must be an integer from 0 to 100, got {mirror.percent!r}",
-                          field="mirror")
-    if not _is_int(mirror.version) or not deployment.model.versions.filter(
-        version=mirror.version
-    ).exists():
-        raise DomainError(f"{deployment.model.name} has no version {mirror.version}", field="mirror")
-    servers = [s.name for s in _servers_by_version(ready).get(mirror.version, [])]
-    if mirror.server:
-        servers = [s for s in servers if s == mirror.server]
-    if not servers:
-        where = f" on {mirror.server}" if mirror.server else " on the deployment's servers"
-        raise DomainError(f"v{mirror.version} is not ready{where}: load it first to mirror to it",
-                          field="mirror")
-    if mirror.percent == 0:
-        return None
-    return Mirror(variant=names[(mirror.version, servers[0])], percent=mirror.percent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,10 +165,7 @@ def _set_route(
                 "load one first",
                 field="weights",
             )
-        shares = _shares(deployment, weights, ready)
-        _check_adapters(ready, shares)
-        spec, meaning = _build(deployment, ready, shares, policy, sticky_header or "", mirror)
-        asked = _by_version(shares)
+        spec, meaning, asked = specs.build(deployment, ready, weights, policy, sticky_header, mirror)
         return _apply(actor, route, router, spec, meaning, asked, reason)
     except RouteFailed:
         raise
@@ -402,13 +176,6 @@ def _set_route(
     finally:
         Route.objects.filter(pk=route.pk).update(claimed_until=None)
         route.claimed_until = None
-
-
-def _by_version(shares: dict[tuple[int, str], int]) -> dict[str, int]:
-    totals: dict[int, int] = {}
-    for (number, _server), weight in shares.items():
-        totals[number] = totals.get(number, 0) + weight
-    return {str(n): w for n, w in sorted(totals.items())}
 
 
 def _claim(deployment: Deployment) -> tuple[Route, bool]:
@@ -442,16 +209,6 @@ def in_force(route: Route) -> dict[str, Any]:
     }
 
 
-def _asked(spec: RouteSpec) -> dict[str, Any]:
-    data = spec.to_json()
-    return {
-        "weights": spec.weights(),
-        "policy": spec.policy,
-        "sticky_header": spec.sticky_header,
-        "mirror": data["mirror"],
-    }
-
-
 def _apply(
     actor: Any,
     route: Route,
@@ -469,7 +226,7 @@ def _apply(
     except RouteSpecError as exc:
         # What this router cannot express (a Gateway API route has no sticky policy, say):
         # refused before anything was sent.
-        raise _spec_refusal(exc) from None
+        raise specs.refusal(exc) from None
     except (AdapterError, OSError) as exc:
         message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
         _record_failure(actor, route, spec, meaning, asked, reason, message, before)
@@ -502,7 +259,7 @@ def _apply(
             setattr(route, key, value)
         audit.record(
             actor, "route_changed", route, tenant=route.deployment.tenant, before=before,
-            after={**_asked(spec), "revision": number,
+            after={**specs.summary(spec), "revision": number,
                    "result": {"changed": result.changed, "reloaded": result.reloaded,
                               "message": result.message}},
             reason=reason,
@@ -533,7 +290,7 @@ def _record_failure(
         route.state, route.error = Route.State.FAILED, message
         audit.record(
             actor, "route_change_failed", route, tenant=route.deployment.tenant, before=before,
-            after={**_asked(spec), "revision": number, "result": {"error": message}},
+            after={**specs.summary(spec), "revision": number, "result": {"error": message}},
             reason=reason,
         )
 
@@ -655,9 +412,7 @@ def ensure_routes() -> int:
         Deployment.objects.filter(
             archived_at__isnull=True, route__isnull=True, loads__state=ModelLoad.State.READY
         )
-        .filter(Q(cluster__kind=Cluster.Kind.LOCAL)
-                | Q(cluster__kind=Cluster.Kind.STATIC, cluster__router_kind=Cluster.RouterKind.NGINX)
-                | (Q(cluster__kind=Cluster.Kind.KUBERNETES) & ~Q(cluster__kube_router="")))
+        .filter(routed_clusters("cluster__"))
         .select_related("tenant", "model", "cluster")
         .distinct()
     )

@@ -10,7 +10,7 @@ import pytest
 from fleet.adapters.routers.base import KSERVE_V2, RouteSpec, Variant
 from fleet.adapters.routers.gateway_api import GatewayApiRouter
 from fleet.adapters.routers.istio import IstioRouter
-from fleet.inventory.routers import router_for
+from fleet.inventory.routers import has_router, routed_clusters, router_for
 from fleet.models import Cluster
 from tests.factories import ClusterFactory
 from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
@@ -54,6 +54,22 @@ def test_an_istio_cluster_routes_through_virtual_services():
 def test_a_kubernetes_cluster_without_a_router_has_none():
     assert router_for(kube_cluster(kube_router="", kube_gateway="")) is None
 
+
+
+@pytest.mark.parametrize(("fields", "routed"), [
+    ({"kind": Cluster.Kind.LOCAL}, True),
+    ({"kind": Cluster.Kind.STATIC, "router_kind": Cluster.RouterKind.NGINX,
+      "router_conf_dir": "/tmp/sy-test-router", "router_reload_command": "true"}, True),
+    ({"kind": Cluster.Kind.STATIC, "router_kind": Cluster.RouterKind.NONE}, False),
+    ({"kind": Cluster.Kind.KUBERNETES, "kube_router": Cluster.KubeRouter.ISTIO}, True),
+    ({"kind": Cluster.Kind.KUBERNETES, "kube_router": ""}, False),
+])
+def test_which_clusters_have_a_router_is_one_rule_for_a_row_a_query_and_the_router(fields, routed):
+    """``has_router``, its query filter (the default-route tick's) and ``router_for`` agree."""
+    cluster = kube_cluster(**fields) if fields["kind"] == Cluster.Kind.KUBERNETES else ClusterFactory(**fields)
+    assert has_router(cluster) is routed
+    assert Cluster.objects.filter(routed_clusters(), pk=cluster.pk).exists() is routed
+    assert (router_for(cluster) is not None) is routed
 
 @pytest.mark.parametrize(("fields", "words"), [
     ({"kube_route_host": ""}, "kube_route_host is empty"),

@@ -30,7 +30,7 @@ from rollouts.deployments import calling
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, ModelLoad, ModelVersion, Route, RouteRevision
 from rollouts.tasks import ensure_routes
-from rollouts.traffic import routes, samples
+from rollouts.traffic import routes, samples, specs
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
@@ -192,11 +192,11 @@ def test_the_mirror_names_a_ready_version_and_a_percent(plain, dave):
     ready(plain.deployment, plain.v2, plain.b)
 
     with pytest.raises(routes.DomainError) as unready:
-        routes.set_route(dave, plain.deployment, {1: 100}, mirror=routes.MirrorTarget(3, 10))
+        routes.set_route(dave, plain.deployment, {1: 100}, mirror=specs.MirrorTarget(3, 10))
     with pytest.raises(routes.DomainError) as too_much:
-        routes.set_route(dave, plain.deployment, {1: 100}, mirror=routes.MirrorTarget(2, 101))
+        routes.set_route(dave, plain.deployment, {1: 100}, mirror=specs.MirrorTarget(2, 101))
     route = routes.set_route(dave, plain.deployment, {1: 100}, policy="sticky",
-                             sticky_header="X-User", mirror=routes.MirrorTarget(2, 25))
+                             sticky_header="X-User", mirror=specs.MirrorTarget(2, 25))
 
     assert (unready.value.field, too_much.value.field) == ("mirror", "mirror")
     assert "v3 is not ready" in unready.value.message
@@ -380,7 +380,7 @@ def test_a_version_carrying_traffic_cannot_be_unloaded(plain, dave):
 
     with pytest.raises(routes.Conflict) as refused:
         loads.request_unload(dave, plain.deployment, plain.v2)
-    routes.set_route(dave, plain.deployment, {1: 100}, mirror=routes.MirrorTarget(2, 5))
+    routes.set_route(dave, plain.deployment, {1: 100}, mirror=specs.MirrorTarget(2, 5))
     with pytest.raises(routes.Conflict) as mirrored:
         loads.request_unload(dave, plain.deployment, plain.v2)
     routes.set_route(dave, plain.deployment, {1: 100})
