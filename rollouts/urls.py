@@ -2,42 +2,43 @@ from django.urls import path
 
 from rollouts.benchmarks import views as benchmark_views
 from rollouts.canary import views as rollout_views
-from rollouts.deployments import views
+from rollouts.deployments import views as deployment_views
+from rollouts.loads import views as load_views
 from rollouts.registry import views as registry_views
-from rollouts.workloads import autoscaling_views
+from rollouts.traffic import views as traffic_views
 from rollouts.workloads import views as workload_views
 
 app_name = "rollouts"
 urlpatterns = [
-    path("", views.model_list, name="models"),
+    path("", registry_views.model_list, name="models"),
     path("models/new/", registry_views.model_create, name="model-create"),
-    path("models/<int:pk>/", views.model_detail, name="model"),
+    path("models/<int:pk>/", registry_views.model_detail, name="model"),
     path("models/<int:pk>/edit/", registry_views.model_edit, name="model-edit"),
     path("models/<int:pk>/versions/new/", registry_views.version_create, name="version-create"),
     path("models/<int:pk>/aliases/", registry_views.alias_set, name="alias-set"),
     path("approvals/", registry_views.approval_queue, name="approvals"),
-    path("versions/<int:pk>/", views.version_detail, name="version"),
-    path("versions/<int:pk>/<slug:action>/", views.version_action, name="version-action"),
-    path("deployments/", views.deployment_list, name="deployments"),
-    path("deployments/new/", registry_views.deployment_create, name="deployment-create"),
-    path("deployments/<int:pk>/", views.deployment_detail, name="deployment"),
-    path("deployments/<int:pk>/edit/", registry_views.deployment_edit, name="deployment-edit"),
-    path("deployments/<int:pk>/loads/", views.deployment_loads, name="deployment-loads"),
-    path("deployments/<int:pk>/call/", views.deployment_call, name="deployment-call"),
-    path("deployments/<int:pk>/load/", views.deployment_load_action, name="deployment-load"),
-    path("deployments/<int:pk>/delete/", views.deployment_delete, name="deployment-delete"),
-    path("deployments/<int:pk>/route/", views.deployment_route, name="deployment-route"),
-    path("deployments/<int:pk>/route/split/", views.deployment_route_split,
+    path("versions/<int:pk>/", registry_views.version_detail, name="version"),
+    path("versions/<int:pk>/<slug:action>/", registry_views.version_action, name="version-action"),
+    path("deployments/", deployment_views.deployment_list, name="deployments"),
+    path("deployments/new/", deployment_views.deployment_create, name="deployment-create"),
+    path("deployments/<int:pk>/", deployment_views.deployment_detail, name="deployment"),
+    path("deployments/<int:pk>/edit/", deployment_views.deployment_edit, name="deployment-edit"),
+    path("deployments/<int:pk>/loads/", load_views.deployment_loads, name="deployment-loads"),
+    path("deployments/<int:pk>/call/", deployment_views.deployment_call, name="deployment-call"),
+    path("deployments/<int:pk>/load/", load_views.deployment_load_action, name="deployment-load"),
+    path("deployments/<int:pk>/delete/", deployment_views.deployment_delete, name="deployment-delete"),
+    path("deployments/<int:pk>/route/", traffic_views.deployment_route, name="deployment-route"),
+    path("deployments/<int:pk>/route/split/", traffic_views.deployment_route_split,
          name="deployment-route-split"),
-    path("deployments/<int:pk>/route/default/", views.deployment_route_default,
+    path("deployments/<int:pk>/route/default/", traffic_views.deployment_route_default,
          name="deployment-route-default"),
-    path("deployments/<int:pk>/route/remove/", views.deployment_route_remove,
+    path("deployments/<int:pk>/route/remove/", traffic_views.deployment_route_remove,
          name="deployment-route-remove"),
-    path("deployments/<int:pk>/rollouts/start/", views.deployment_rollout_start,
+    path("deployments/<int:pk>/rollouts/start/", rollout_views.deployment_rollout_start,
          name="deployment-rollout-start"),
-    path("deployments/<int:pk>/benchmarks/start/", views.deployment_benchmark_start,
+    path("deployments/<int:pk>/benchmarks/start/", benchmark_views.deployment_benchmark_start,
          name="deployment-benchmark-start"),
-    path("deployments/<int:pk>/replicas/", autoscaling_views.deployment_replicas,
+    path("deployments/<int:pk>/replicas/", workload_views.deployment_replicas,
          name="deployment-replicas"),
     path("deployments/<int:pk>/workloads/", workload_views.deployment_workloads,
          name="deployment-workloads"),
@@ -45,8 +46,8 @@ urlpatterns = [
          name="deployment-workload-create"),
     path("workloads/<int:pk>/<slug:action>/", workload_views.workload_action,
          name="workload-action"),
-    path("loads/", registry_views.load_list, name="loads"),
-    path("loads/<int:pk>/", views.load_detail, name="load"),
+    path("loads/", load_views.load_list, name="loads"),
+    path("loads/<int:pk>/", load_views.load_detail, name="load"),
     path("rollouts/", rollout_views.rollout_list, name="rollouts"),
     path("rollouts/<int:pk>/", rollout_views.rollout_detail, name="rollout"),
     path("rollouts/<int:pk>/status/", rollout_views.rollout_status, name="rollout-status"),

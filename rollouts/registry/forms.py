@@ -1,21 +1,22 @@
-"""Console forms for the registry and deployments: register a model and its versions, set an
-alias, create and edit a deployment. Each calls the domain function the API calls
-(``rollouts.registry.versions``, ``rollouts.deployments.lifecycle``), so the console and the API refuse the same
-input with the same message on the same field (``console.forms.DomainForm``)."""
+"""Console forms for the registry: register a model and its versions, set an alias, and ask for,
+give or refuse a version's approval (or archive it). Each calls the domain function the API
+calls (``rollouts.registry.versions``, ``rollouts.registry.approvals``), so the console and the API
+refuse the same input with the same message on the same field (``console.forms.DomainForm``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
 
 from console.exceptions import DomainError
 from console.forms import DomainForm
-from fleet.models import Cluster, InferenceServer, Membership, Tenant
+from fleet.models import Membership, Tenant
 from fleet.tenancy.scoping import has_role
-from rollouts.deployments import lifecycle as deployments
-from rollouts.models import Deployment, Model, ModelVersion
+from rollouts.models import Model, ModelVersion
+from rollouts.registry import approvals
 from rollouts.registry import versions as registry
 
 BIGINT_MAX = 2**63 - 1  # PostgreSQL's bigint, the largest size a version may state
@@ -193,73 +194,24 @@ class AliasForm(DomainForm):
         return registry.set_alias(self.actor, self.model, data["name"].strip(), data["version"], reason)
 
 
-class DeploymentForm(DomainForm):
-    """Create or change a deployment (``deployments.save_deployment``): its model (fixed once
-    created), cluster, servers, SLO and production flag. The tenant is the model's.
+class VersionActionForm(DomainForm):
+    """Request approval, approve, reject or archive a version, with the reason recorded."""
 
-    Only an approver changes an existing deployment's production flag: for anyone else the
-    box is shown as it is and cannot change (the domain refuses it with a 403 all the same)."""
+    ACTIONS: dict[str, tuple[Callable[..., ModelVersion], str]] = {
+        "request-approval": (approvals.request_approval, "Approval requested for {v}."),
+        "approve": (approvals.approve, "{v} approved."),
+        "reject": (approvals.reject, "{v} rejected."),
+        "archive": (approvals.archive, "{v} archived."),
+    }
 
-    name = forms.CharField(max_length=64, help_text="Lowercase letters, digits and dashes")
-    model = forms.ModelChoiceField(
-        queryset=Model.objects.none(),
-        error_messages={"required": "choose a model", "invalid_choice": "not one of your models"},
-    )
-    cluster = forms.ModelChoiceField(
-        queryset=Cluster.objects.all(),
-        error_messages={"required": "choose a cluster", "invalid_choice": "no such cluster"},
-    )
-    servers = forms.ModelMultipleChoiceField(
-        queryset=InferenceServer.objects.select_related("cluster").order_by("cluster__name", "name"),
-        required=False, widget=forms.CheckboxSelectMultiple,
-        help_text="The cluster's inference servers that carry it; none chosen on a new "
-                  "deployment: all of the cluster's servers",
-        error_messages={"invalid_choice": "no such server", "invalid_pk_value": "no such server"},
-    )
-    production = forms.BooleanField(required=False, help_text="Loads approved versions only")
-    slo_p99_ms = forms.IntegerField(min_value=1, max_value=INT_MAX, initial=500, label="p99 latency SLO (ms)")
-    slo_error_rate = forms.DecimalField(min_value=0, max_value=100, max_digits=5, decimal_places=2,
-                                        initial="1.00", label="Error-rate ceiling (%)")
-    priority = forms.IntegerField(
-        min_value=-1000, max_value=1000, initial=0, required=False,
-        help_text="When borrowed quota is reclaimed by a tenant of your cohort, the lowest "
-                  "priority goes first")
-    description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 3}))
+    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea)
 
-    def __init__(self, *args: Any, deployment: Deployment | None = None, **kwargs: Any) -> None:
-        if deployment is not None:
-            kwargs.setdefault("initial", {
-                "name": deployment.name, "model": deployment.model_id,
-                "cluster": deployment.cluster_id, "servers": list(deployment.servers.all()),
-                "production": deployment.production, "slo_p99_ms": deployment.slo_p99_ms,
-                "slo_error_rate": deployment.slo_error_rate, "priority": deployment.priority,
-                "description": deployment.description,
-            })
+    def __init__(self, *args: Any, version: ModelVersion, action: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.deployment = deployment
-        self.fields["model"].queryset = Model.objects.visible_to(self.actor).select_related("tenant")
-        self.fields["model"].label_from_instance = lambda m: f"{m.tenant.slug} / {m.name}"
-        self.fields["servers"].label_from_instance = lambda s: f"{s.name} ({s.cluster.name})"
-        if deployment is not None:
-            self.fields["model"].disabled = True
-            self.fields["model"].help_text = "A deployment's model cannot change"
-            if not has_role(self.actor, deployment.tenant, Membership.Role.APPROVER):
-                self.fields["production"].disabled = True
-                self.fields["production"].help_text = ("Loads approved versions only; an "
-                                                       "approver changes this")
+        self.version = version
+        self.action = action
 
-    def perform(self) -> Deployment:
-        data = self.cleaned_data
-        servers = list(data["servers"])
-        if self.deployment is None:
-            deployment = Deployment(tenant=data["model"].tenant, model=data["model"])
-            servers = servers or list(data["cluster"].servers.all())
-        else:
-            deployment = Deployment.objects.get(pk=self.deployment.pk)
-        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate"):
-            setattr(deployment, name, data[name])
-        if data["priority"] is not None:  # left empty: as it was (0 for a new deployment)
-            deployment.priority = data["priority"]
-        deployment.name = deployment.name.strip()
-        deployment.description = data["description"].strip()
-        return deployments.save_deployment(self.actor, deployment, servers)
+    def perform(self) -> str:
+        fn, done = self.ACTIONS[self.action]
+        fn(self.actor, self.version, self.cleaned_data["reason"].strip())
+        return done.format(v=f"{self.version.model.name} v{self.version.version}")

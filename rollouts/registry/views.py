@@ -1,6 +1,7 @@
-"""Console pages that create and change registry objects and deployments, and the lists a
-team works from: every load, and the approvals queue. Forms call the domain functions the API
-calls (``rollouts.registry.forms``)."""
+"""Registry console pages: the models, a model's page with its versions and aliases, a
+version's page, registering and changing models and versions, moving an alias, a version's
+approval actions and the approvals queue. Forms call the domain functions the API calls
+(``rollouts.registry.forms``)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,22 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Count, Max, Q
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.paging import paginate, querystring_without_page
-from fleet.api.refs import is_id
-from fleet.models import InferenceServer, Membership
+from fleet.models import AuditEvent, Membership, Placement, Tenant
 from fleet.tenancy.scoping import has_role, require_role
-from rollouts.deployments.views import render_model
-from rollouts.models import Deployment, Model, ModelLoad, ModelVersion, Rollout
+from rollouts.benchmarks.pages import version_benchmark_context
+from rollouts.models import Model, ModelVersion, Rollout
 from rollouts.registry import approvals
 from rollouts.registry.forms import (
     AliasForm,
-    DeploymentForm,
     ModelCreateForm,
     ModelEditForm,
+    VersionActionForm,
     VersionForm,
 )
 
@@ -35,6 +36,113 @@ def _form_page(request: HttpRequest, template: str, form: Any, status: int = 200
 
 def _model(request: HttpRequest, pk: int) -> Model:
     return get_object_or_404(Model.objects.visible_to(request.user).select_related("tenant"), pk=pk)
+
+
+@login_required
+def model_list(request: HttpRequest) -> HttpResponse:
+    models = (
+        Model.objects.visible_to(request.user)
+        .select_related("tenant")
+        .annotate(
+            version_count=Count("versions", distinct=True),
+            latest=Max("versions__version"),
+            pending=Count("versions", filter=Q(versions__status="pending_approval"), distinct=True),
+        )
+        .order_by("tenant__slug", "name")
+    )
+    q = request.GET.get("q", "").strip()
+    tenant = request.GET.get("tenant", "")
+    if q:
+        models = models.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    if tenant:
+        models = models.filter(tenant__slug=tenant)
+    context = {
+        "page": paginate(request, models),
+        "q": q,
+        "tenant": tenant,
+        "tenants": Tenant.objects.visible_to(request.user),
+        "qs": querystring_without_page(request),
+    }
+    template = "rollouts/model_list.html#results" if request.htmx else "rollouts/model_list.html"
+    return render(request, template, context)
+
+
+@login_required
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return render_model(request, _model(request, pk))
+
+
+def render_model(request: HttpRequest, model: Model, alias_form: AliasForm | None = None,
+                 status: int = 200) -> HttpResponse:
+    """A model's page; ``alias_form`` is a refused alias change, shown with its errors."""
+    versions = model.versions.select_related("registered_by", "registered_by_token").prefetch_related("aliases")
+    version_status = request.GET.get("status", "")
+    if version_status:
+        versions = versions.filter(status=version_status)
+    can_deploy = has_role(request.user, model.tenant, Membership.Role.DEPLOYER)
+    context = {
+        "model": model,
+        "page": paginate(request, versions),
+        "status": version_status,
+        "statuses": ModelVersion.Status.choices,
+        "aliases": model.aliases.select_related("version"),
+        "deployments": model.deployments.filter(archived_at__isnull=True).select_related("cluster"),
+        "placements": Placement.objects.filter(
+            model_version__model=model, state__in=Placement.HOLDING
+        ).select_related("server", "model_version"),
+        "qs": querystring_without_page(request),
+        "can_deploy": can_deploy,
+        "alias_form": alias_form or (
+            AliasForm(actor=request.user, model=model) if can_deploy else None),
+    }
+    template = "rollouts/model_detail.html#versions" if request.htmx else "rollouts/model_detail.html"
+    return render(request, template, context, status=status)
+
+
+def _version(request: HttpRequest, pk: int) -> ModelVersion:
+    return get_object_or_404(
+        ModelVersion.objects.visible_to(request.user).select_related(
+            "model__tenant", "registered_by", "registered_by_token", "approval_requested_by",
+            "approval_requested_by_token__created_by", "decided_by",
+        ),
+        pk=pk,
+    )
+
+
+def _render_version(
+    request: HttpRequest, version: ModelVersion, form: VersionActionForm | None = None, status: int = 200
+) -> HttpResponse:
+    tenant = version.model.tenant
+    history = AuditEvent.objects.filter(object_type="rollouts.modelversion", object_id=str(version.pk))
+    context = {
+        "version": version,
+        "history": history,
+        "can_request": has_role(request.user, tenant, Membership.Role.DEPLOYER),
+        "can_decide": has_role(request.user, tenant, Membership.Role.APPROVER),
+        "is_requester": approvals.is_requester(request.user, version),
+        "form": form,
+    } | version_benchmark_context(version)
+    return render(request, "rollouts/version_detail.html", context, status=status)
+
+
+@login_required
+def version_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    return _render_version(request, _version(request, pk))
+
+
+@login_required
+@require_POST
+def version_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    """Request approval, approve, reject or archive; too low a role is a 403 naming the role."""
+    version = _version(request, pk)
+    if action not in VersionActionForm.ACTIONS:
+        raise Http404(f"no action {action!r} on versions")
+    form = VersionActionForm(request.POST, actor=request.user, version=version, action=action)
+    done = form.save()
+    if done is None:
+        return _render_version(request, _version(request, pk), form, status=form.status_code)
+    messages.success(request, done)
+    return redirect("rollouts:version", pk=version.pk)
 
 
 @login_required
@@ -102,80 +210,6 @@ def alias_set(request: HttpRequest, pk: int) -> HttpResponse:
         return render_model(request, model, alias_form=form, status=form.status_code)
     messages.success(request, f"@{alias.name} now points at v{alias.version.version}.")
     return redirect("rollouts:model", pk=model.pk)
-
-
-def _deployment_form_page(request: HttpRequest, form: DeploymentForm, deployment: Deployment | None,
-                          status: int = 200) -> HttpResponse:
-    return _form_page(request, "rollouts/deployment_form.html", form, status=status,
-                      deployment=deployment)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def deployment_create(request: HttpRequest) -> HttpResponse:
-    """Create a deployment of one of the viewer's models (deployer role in its tenant);
-    ``?model=<id>`` picks the model."""
-    initial = {"model": request.GET.get("model")} if is_id(request.GET.get("model", "")) else {}
-    form = DeploymentForm(request.POST or None, actor=request.user, initial=initial)
-    if request.method == "POST":
-        deployment = form.save()
-        if deployment is not None:
-            messages.success(request, f"Deployment {deployment.name} created. Load a version onto it.")
-            return redirect("rollouts:deployment", pk=deployment.pk)
-    return _deployment_form_page(request, form, None, form.status_code if form.is_bound else 200)
-
-
-@login_required
-@require_http_methods(["GET", "POST"])
-def deployment_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    """Change a deployment's cluster, servers, SLO and production flag (deployer role)."""
-    deployment = get_object_or_404(
-        Deployment.objects.visible_to(request.user).select_related("tenant", "model"), pk=pk
-    )
-    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
-    form = DeploymentForm(request.POST or None, actor=request.user, deployment=deployment)
-    if request.method == "POST":
-        saved = form.save()
-        if saved is not None:
-            messages.success(request, f"Deployment {saved.name} saved.")
-            return redirect("rollouts:deployment", pk=saved.pk)
-    return _deployment_form_page(request, form, deployment, form.status_code if form.is_bound else 200)
-
-
-LOAD_FILTERS = ("state", "deployment", "version", "server")
-
-
-@login_required
-def load_list(request: HttpRequest) -> HttpResponse:
-    """Every load and unload of the viewer's tenants, newest first; ``state``, ``deployment``
-    (id), ``version`` (number) and ``server`` (id) narrow it."""
-    rows = ModelLoad.objects.visible_to(request.user).select_related(
-        "deployment", "server", "version__model"
-    ).order_by("-created_at", "-id")
-    chosen = {name: request.GET.get(name, "").strip() for name in LOAD_FILTERS}
-    if chosen["state"] == "in_flight":
-        rows = rows.filter(state__in=ModelLoad.IN_FLIGHT)
-    elif chosen["state"] in ModelLoad.State.values:
-        rows = rows.filter(state=chosen["state"])
-    if is_id(chosen["deployment"]):
-        rows = rows.filter(deployment_id=int(chosen["deployment"]))
-    if is_id(chosen["version"]):
-        rows = rows.filter(version__version=int(chosen["version"]))
-    if is_id(chosen["server"]):
-        rows = rows.filter(server_id=int(chosen["server"]))
-    deployments = Deployment.objects.visible_to(request.user).filter(loads__isnull=False).distinct()
-    context = {
-        "page": paginate(request, rows),
-        "qs": querystring_without_page(request),
-        "chosen": chosen,
-        "states": ModelLoad.State.choices,
-        "deployments": deployments.select_related("tenant").order_by("tenant__slug", "name"),
-        "servers": InferenceServer.objects.filter(
-            model_loads__in=ModelLoad.objects.visible_to(request.user)
-        ).distinct().order_by("name"),
-    }
-    template = "rollouts/load_list.html#results" if request.htmx else "rollouts/load_list.html"
-    return render(request, template, context)
 
 
 @login_required

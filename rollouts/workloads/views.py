@@ -1,9 +1,11 @@
-"""Console: the "Servers on Kubernetes" panel of a deployment on a Kubernetes cluster.
+"""Console: the "Servers on Kubernetes" panel of a deployment on a Kubernetes cluster, and the
+deployment page's Replicas panel (the replica recommendation, for any deployment).
 
-The deployment page loads the panel (htmx), which polls itself while a server is being
-applied, waited for, rolled back or deleted. Its forms post to the views here, which call
-:mod:`rollouts.workloads.requests` through ``rollouts.deployments.forms`` as the API does: done, back to the
-deployment page; refused, the panel on a page of its own with the refusal in place.
+The deployment page loads the Kubernetes panel (htmx), which polls itself while a server is
+being applied, waited for, rolled back or deleted. Its forms post to the views here, which
+call :mod:`rollouts.workloads.requests` through ``rollouts.workloads.forms`` as the API does:
+done, back to the deployment page; refused, the panel on a page of its own with the refusal
+in place. The Replicas panel loads itself and refreshes every REFRESH_S seconds.
 """
 
 from __future__ import annotations
@@ -20,19 +22,19 @@ from django_htmx.http import HTMX_STOP_POLLING
 
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import has_role, require_role
-from rollouts.deployments.forms import WorkloadActionForm, WorkloadCreateForm
+from rollouts.deployments.pages import visible_deployment
 from rollouts.models import Deployment, ServerWorkload
+from rollouts.workloads import autoscaling
+from rollouts.workloads.forms import WorkloadActionForm, WorkloadCreateForm
 
 State = ServerWorkload.State
 PANEL = "rollouts/partials/workloads_panel.html"
 PAGE = "rollouts/partials/workloads_page.html"
+REFRESH_S = 10  # the Replicas panel refreshes itself this often
 
 
 def _deployment(request: HttpRequest, pk: int) -> Deployment:
-    deployment = get_object_or_404(
-        Deployment.objects.visible_to(request.user).select_related("tenant", "model", "cluster"),
-        pk=pk,
-    )
+    deployment = visible_deployment(request, pk)
     if not deployment.cluster.is_kubernetes:
         raise Http404("the deployment is not on a Kubernetes cluster")
     return deployment
@@ -125,3 +127,16 @@ def workload_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                       status=form.status_code)
     messages.success(request, done)
     return redirect(_back(deployment))
+
+
+@login_required
+def deployment_replicas(request: HttpRequest, pk: int) -> HttpResponse:
+    """The Replicas panel for any member of the deployment's tenant; an archived deployment's
+    panel says so once and stops polling."""
+    deployment = visible_deployment(request, pk)
+    context = {"deployment": deployment, "refresh_s": REFRESH_S}
+    if deployment.is_archived:
+        return render(request, "rollouts/partials/replica_recommendation.html", context,
+                      status=HTMX_STOP_POLLING)
+    context["rec"] = autoscaling.recommend_replicas(deployment)
+    return render(request, "rollouts/partials/replica_recommendation.html", context)

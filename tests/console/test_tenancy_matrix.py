@@ -45,12 +45,8 @@ from fleet.models import (
     Webhook,
     WebhookDelivery,
 )
-from rollouts.deployments.forms import (
-    BenchmarkActionForm,
-    RolloutActionForm,
-    VersionActionForm,
-    WorkloadActionForm,
-)
+from rollouts.benchmarks.forms import BenchmarkActionForm
+from rollouts.canary.forms import RolloutActionForm
 from rollouts.models import (
     BenchmarkJob,
     Deployment,
@@ -62,6 +58,8 @@ from rollouts.models import (
     ServerWorkload,
 )
 from rollouts.registry import approvals
+from rollouts.registry.forms import VersionActionForm
+from rollouts.workloads.forms import WorkloadActionForm
 from tests.api.test_tenancy_matrix import World as ApiWorld
 from tests.api.test_tenancy_matrix import fresh, gone
 from tests.factories import ModelVersionFactory

@@ -9,7 +9,7 @@ import pytest
 
 from fleet.inventory import kube_sync
 from fleet.models import Cluster
-from rollouts.canary.views import step_summary
+from rollouts.canary.pages import step_summary
 from rollouts.models import ModelLoad, Rollout
 from tests.api.benchmark_rows import finished_job
 from tests.console.test_tenancy_matrix import World
