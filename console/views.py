@@ -10,8 +10,8 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 
 from console.paging import paginate, querystring_without_page
-from fleet.audit import export as audit_export_domain
 from fleet.api.filters import AuditEventFilter
+from fleet.audit import export as audit_export_domain
 from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
 from fleet.quota.admission import usage_for
 from rollouts.models import Deployment, Model, ModelVersion

@@ -33,8 +33,9 @@ from typing import Any
 
 import redis
 
-from fleet.adapters import metrics
 from fleet.adapters.base import AdapterError
+from fleet.adapters.metrics import rates, scraping
+from fleet.adapters.metrics.values import Counters, Histogram
 from rollouts.benchmarks import engine, sweep
 from rollouts.benchmarks.level import LLM_KINDS, STOP_POLL_S, Level, Target
 
@@ -103,13 +104,13 @@ class ServerView:
     def __init__(self, kind: str, metrics_url: str, model: str, version: str) -> None:
         self.kind, self.url = kind, metrics_url
         self.key = (model, version if kind == "triton" else "")
-        self.before: metrics.Counters | None = None
-        self.after: metrics.Counters | None = None
+        self.before: Counters | None = None
+        self.after: Counters | None = None
         self.error = ""
 
-    def take(self) -> metrics.Counters | None:
+    def take(self) -> Counters | None:
         try:
-            return metrics.scrape(self.kind, self.url, timeout=3.0).series.get(self.key)
+            return scraping.scrape(self.kind, self.url, timeout=3.0).series.get(self.key)
         except AdapterError as exc:
             self.error = str(exc)
             return None
@@ -141,7 +142,7 @@ def _ms(total_us: float, count: float) -> float | None:
     return round(total_us / count / 1000.0, 3) if count > 0 else None
 
 
-def _hist(hist: metrics.Histogram | None, prev: metrics.Histogram | None) -> dict[str, Any] | None:
+def _hist(hist: Histogram | None, prev: Histogram | None) -> dict[str, Any] | None:
     """One vLLM histogram over the window: count, mean, and p50/p99 estimated from the bucket
     deltas (PromQL's linear interpolation in the bucket), capped by what the mean allows for
     values that are never negative (Markov: p50 <= 2 x mean, p99 <= 100 x mean); without the
@@ -155,12 +156,12 @@ def _hist(hist: metrics.Histogram | None, prev: metrics.Histogram | None) -> dic
     mean = delta.sum / delta.count
     quantiles = {}
     for name, q in (("p50", 0.5), ("p99", 0.99)):
-        value = metrics.histogram_quantile(q, delta.buckets)
+        value = rates.histogram_quantile(q, delta.buckets)
         quantiles[name] = None if value is None else round(min(value, mean / (1 - q)) * 1000.0, 3)
     return {"count": int(delta.count), "mean": round(mean * 1000.0, 3), **quantiles}
 
 
-def server_summary(kind: str, before: metrics.Counters | None, after: metrics.Counters | None,
+def server_summary(kind: str, before: Counters | None, after: Counters | None,
                    error: str = "") -> dict[str, Any]:
     """What the server says happened between two scrapes of one model: requests, and mean
     request, queue and compute time (Triton) or TTFT, inter-token and e2e latency (vLLM).

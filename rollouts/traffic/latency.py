@@ -34,8 +34,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from console import telemetry
-from fleet.adapters import metrics
 from fleet.adapters.base import AdapterError
+from fleet.adapters.metrics import parsing, rates, scraping
 from fleet.inventory import loadstats
 from fleet.models import InferenceServer
 from rollouts.models import Deployment, LatencyRollup
@@ -85,7 +85,7 @@ def _scrape(server: InferenceServer, timeout: float, client: httpx.Client) -> Sc
     url = server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
     taken = time.time()
     try:
-        return Scraped(server, taken, metrics.fetch_text(kind, url, timeout, client))
+        return Scraped(server, taken, scraping.fetch_text(kind, url, timeout, client))
     except AdapterError as exc:
         return Scraped(server, taken, None, exc.message)
 
@@ -97,7 +97,7 @@ def _label(kind: str, version: str, model: str) -> str:
 def _windows(scraped: Scraped, store: redis.Redis) -> dict[tuple[str, str], Any]:
     """(model, version) → Window against this server's previous scrape; stores this one."""
     kind = "vllm" if scraped.server.runtime == InferenceServer.Runtime.VLLM else "triton"
-    current = metrics.parse(kind, scraped.text or "")
+    current = parsing.parse(kind, scraped.text or "")
     raw = store.get(_prev_key(scraped.server.pk))
     store.set(_prev_key(scraped.server.pk), json.dumps({"t": scraped.taken_at, "text": scraped.text}),
               ex=WINDOW_S)
@@ -107,8 +107,8 @@ def _windows(scraped: Scraped, store: redis.Redis) -> dict[tuple[str, str], Any]
     seconds = scraped.taken_at - float(prev["t"])
     if seconds <= 0:
         return {}
-    before = metrics.parse(kind, prev["text"] or "")
-    return {key: metrics.window(before.get(key), counters, seconds) for key, counters in current.items()}
+    before = parsing.parse(kind, prev["text"] or "")
+    return {key: rates.window(before.get(key), counters, seconds) for key, counters in current.items()}
 
 
 def _combine(parts: list[Any]) -> dict[str, Any]:

@@ -478,7 +478,7 @@ def summary(
 
 
 class RouteSampleSource:
-    """A deployment's route samples as a ``fleet.adapters.metrics.RequestLogSource``: its
+    """A deployment's route samples as a ``fleet.adapters.metrics.values.RequestLogSource``: its
     variants' own requests (or, with ``mirror``, the copies mirrored to them)."""
 
     def __init__(self, deployment_id: int, *, mirror: bool = False) -> None:

@@ -42,7 +42,8 @@ import uuid
 
 import pytest
 
-from fleet.adapters.metrics import Counters, Histogram, scrape
+from fleet.adapters.metrics.scraping import scrape
+from fleet.adapters.metrics.values import Counters, Histogram
 from fleet.models import Cluster, InferenceServer, Membership, Node
 from rollouts.benchmarks import coroutine_drivers, reconciler
 from rollouts.benchmarks import requests as job_requests

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from fleet.adapters import metrics
+from fleet.adapters.metrics import parsing
 from fleet.models import InferenceServer, Membership
 from rollouts.models import LatencyRollup
 from rollouts.traffic import latency
@@ -43,7 +43,7 @@ SERVED = "latency-browser.fraud-scorer"
 
 def success_count(triton, version: str) -> float:
     text = httpx.get(triton.metrics_url, timeout=5).text
-    return metrics.parse("triton", text)[(SERVED, version)].success
+    return parsing.parse("triton", text)[(SERVED, version)].success
 
 
 def send(triton, version: int, count: int) -> None:

@@ -24,21 +24,11 @@ import httpx
 import pytest
 
 from fleet.adapters.base import AdapterError
-from fleet.adapters.metrics import (
-    TRITON_SUMMARY_QUANTILES,
-    Counters,
-    Histogram,
-    PrometheusSource,
-    RequestLogSource,
-    Snapshot,
-    histogram_quantile,
-    nearest_quantile,
-    parse_triton,
-    parse_vllm,
-    scrape,
-    window,
-    windows,
-)
+from fleet.adapters.metrics.parsing import TRITON_SUMMARY_QUANTILES, parse_triton, parse_vllm
+from fleet.adapters.metrics.prometheus import PrometheusSource
+from fleet.adapters.metrics.rates import histogram_quantile, nearest_quantile, window, windows
+from fleet.adapters.metrics.scraping import scrape
+from fleet.adapters.metrics.values import Counters, Histogram, RequestLogSource, Snapshot
 from local.triton import TritonProcess
 from local.vllm import VLLMProcess
 from tests.fixtures.http_server import QuietHTTPServer

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from fleet.adapters import metrics
+from fleet.adapters.metrics.values import Window
 from fleet.models import InferenceServer
 from rollouts.models import BenchmarkJob, ModelLoad, Route, ServerWorkload
 from rollouts.traffic import latency, samples
@@ -158,7 +158,7 @@ def test_without_route_samples_the_signal_comes_from_the_scrapers_points():
     assert sig.updated_at == pytest.approx(now - 5)
 
 
-@pytest.mark.skipif("queue_ms" not in metrics.Window.__dataclass_fields__,
+@pytest.mark.skipif("queue_ms" not in Window.__dataclass_fields__,
                     reason="the scraper's windows do not carry the queue time yet")
 def test_the_queue_time_comes_from_the_servers_queue_counters():
     dep = make_deployment()

@@ -27,7 +27,7 @@ import psutil
 import pytest
 import redis
 
-from fleet.adapters.metrics import RequestLogSource
+from fleet.adapters.metrics.values import RequestLogSource
 from fleet.adapters.routers.base import Mirror, RouteSpec, Variant
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
 from local.nginx import NginxProcess, find_nginx, start_nginx
