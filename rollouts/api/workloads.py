@@ -36,6 +36,7 @@ from fleet.adapters import kube_workloads as kw
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from rollouts.models import Deployment, ModelVersion, ServerWorkload
+from rollouts.workloads import checks
 from rollouts.workloads import requests as workloads
 
 MAX_VERSION = 2**31 - 1  # what a version number column holds
@@ -208,16 +209,16 @@ class WorkloadRequestSerializer(StrictFieldsMixin, serializers.Serializer):
                                    "dashes (at most 63)"},
     )
     replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=1, max_value=checks.MAX_REPLICAS, required=False,
         help_text="Servers (pods) to run (default 1); leave it out for an autoscaled server",
     )
     min_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=1, max_value=checks.MAX_REPLICAS, required=False,
         help_text="With max_replicas: an autoscaled server, whose HorizontalPodAutoscaler keeps "
                   "at least this many replicas. Chosen at creation, for good",
     )
     max_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=1, max_value=checks.MAX_REPLICAS, required=False,
         help_text="With min_replicas: the most replicas the HPA may run (at least "
                   "min_replicas). The quota is admitted for this many up front",
     )
@@ -287,11 +288,11 @@ class _AutoscaledWorkload(WorkloadRequestSerializer):
 
     replicas = None
     min_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS,
+        min_value=1, max_value=checks.MAX_REPLICAS,
         help_text="The fewest replicas the HorizontalPodAutoscaler keeps",
     )
     max_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS,
+        min_value=1, max_value=checks.MAX_REPLICAS,
         help_text="The most replicas the HPA may run (at least min_replicas); the quota is "
                   "admitted for this many up front",
     )
@@ -312,16 +313,16 @@ class ScaleSerializer(StrictFieldsMixin, serializers.Serializer):
     for an autoscaled one (the domain refuses the other form, saying why)."""
 
     replicas = serializers.IntegerField(
-        min_value=0, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=0, max_value=checks.MAX_REPLICAS, required=False,
         help_text="Servers (pods) to run; 0 keeps the Deployment with no pods. Not for an "
                   "autoscaled workload: its HPA owns the count",
     )
     min_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=1, max_value=checks.MAX_REPLICAS, required=False,
         help_text="Autoscaled: the fewest replicas its HPA keeps (with max_replicas)",
     )
     max_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS, required=False,
+        min_value=1, max_value=checks.MAX_REPLICAS, required=False,
         help_text="Autoscaled: the most replicas its HPA may run (with min_replicas); a "
                   "higher maximum is admitted against the quota first",
     )
@@ -342,7 +343,7 @@ class _FixedScale(StrictFieldsMixin, serializers.Serializer):
     """The schema of a scale of a workload of a fixed count."""
 
     replicas = serializers.IntegerField(
-        min_value=0, max_value=workloads.MAX_REPLICAS,
+        min_value=0, max_value=checks.MAX_REPLICAS,
         help_text="Servers (pods) to run; 0 keeps the Deployment with no pods",
     )
 
@@ -355,11 +356,11 @@ class _RangeScale(StrictFieldsMixin, serializers.Serializer):
     max_replicas, else a 400 on max_replicas)."""
 
     min_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS,
+        min_value=1, max_value=checks.MAX_REPLICAS,
         help_text="The fewest replicas the HPA keeps",
     )
     max_replicas = serializers.IntegerField(
-        min_value=1, max_value=workloads.MAX_REPLICAS,
+        min_value=1, max_value=checks.MAX_REPLICAS,
         help_text="The most replicas the HPA may run (at least min_replicas); a higher maximum "
                   "is admitted against the quota first",
     )

@@ -13,6 +13,7 @@ from console.exceptions import DomainError
 from console.forms import DomainForm
 from fleet.tenancy import namespaces
 from rollouts.models import Deployment, ModelVersion
+from rollouts.workloads import checks
 from rollouts.workloads import requests as workloads
 
 
@@ -27,15 +28,15 @@ class WorkloadCreateForm(DomainForm):
                         "invalid_choice": "not a version of this deployment's model"},
     )
     replicas = forms.IntegerField(
-        required=False, min_value=1, max_value=workloads.MAX_REPLICAS,
+        required=False, min_value=1, max_value=checks.MAX_REPLICAS,
         help_text="a fixed count (empty: 1); leave it empty for an autoscaled server",
     )
     min_replicas = forms.IntegerField(
-        required=False, min_value=1, max_value=workloads.MAX_REPLICAS, label="Min replicas (HPA)",
+        required=False, min_value=1, max_value=checks.MAX_REPLICAS, label="Min replicas (HPA)",
         help_text="with a max: autoscaled by an HPA, chosen now for good",
     )
     max_replicas = forms.IntegerField(
-        required=False, min_value=1, max_value=workloads.MAX_REPLICAS, label="Max replicas (HPA)",
+        required=False, min_value=1, max_value=checks.MAX_REPLICAS, label="Max replicas (HPA)",
         help_text="the quota is held for this many",
     )
     gpu_resource = forms.CharField(max_length=100, initial="nvidia.com/gpu", label="GPU resource",
@@ -110,11 +111,11 @@ class WorkloadActionForm(DomainForm):
 
     ACTIONS = ("scale", "roll", "delete")
 
-    replicas = forms.IntegerField(required=False, min_value=0, max_value=workloads.MAX_REPLICAS)
+    replicas = forms.IntegerField(required=False, min_value=0, max_value=checks.MAX_REPLICAS)
     min_replicas = forms.IntegerField(required=False, min_value=1,
-                                      max_value=workloads.MAX_REPLICAS)
+                                      max_value=checks.MAX_REPLICAS)
     max_replicas = forms.IntegerField(required=False, min_value=1,
-                                      max_value=workloads.MAX_REPLICAS)
+                                      max_value=checks.MAX_REPLICAS)
     version = forms.ModelChoiceField(
         queryset=ModelVersion.objects.none(), required=False,
         error_messages={"invalid_choice": "not a version of this deployment's model"},

@@ -40,7 +40,7 @@ from fleet.models import Placement
 from fleet.quota import admission as quota
 from rollouts import leases
 from rollouts.models import ModelLoad, ServerWorkload
-from rollouts.workloads.requests import range_words
+from rollouts.workloads.checks import range_words
 from rollouts.workloads.specs import autoscaler_manifest, demand, held_text, server_spec
 
 log = logging.getLogger(__name__)

@@ -3,10 +3,10 @@
 A deployment on a Kubernetes cluster can have Switchyard run its servers as apps/v1
 Deployments and Services in a namespace (``fleet.adapters.kube_workloads`` writes them with
 server-side apply). The requests (:func:`create_workload`, :func:`scale`,
-:func:`roll_version`, :func:`delete_workload`) check the caller and the input, admit the
-quota first (the version's GPUs x replicas on the device class the GPU resource and the node
-selector name), write the row and hand it to the reconciler (``rollouts.workloads.reconciler``), which
-applies, waits and rolls back.
+:func:`roll_version`, :func:`delete_workload`) check the caller and the input
+(``rollouts.workloads.checks``), admit the quota first (the version's GPUs x replicas on the
+device class the GPU resource and the node selector name), write the row and hand it to the
+reconciler (``rollouts.workloads.reconciler``), which applies, waits and rolls back.
 
 Servers run only in namespaces a platform admin granted the tenant (``fleet.tenancy.namespaces``; a
 request that names none gets the first granted), and a vLLM version's labels may name only a
@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -64,154 +63,32 @@ from fleet.quota import admission as quota
 from fleet.tenancy import namespaces
 from fleet.tenancy.scoping import require_role, token_of
 from rollouts import leases
-from rollouts.loads.requests import check_loadable
 from rollouts.models import Deployment, ModelVersion, Route, ServerWorkload
 from rollouts.traffic import routes
+from rollouts.workloads.checks import (
+    NOT_SWITCHABLE,
+    check_gpu_resource,
+    check_image,
+    check_names,
+    check_node_selector,
+    check_range,
+    check_replicas,
+    check_runnable,
+    check_storage,
+    check_version,
+    range_words,
+)
 from rollouts.workloads.specs import (
     demand,
     device_class,
     held_text,
-    hf_token_secret,
     service_urls,
-    vllm_args,
-    vllm_model,
 )
 
 log = logging.getLogger(__name__)
 State = ServerWorkload.State
 
 CREATED = "created_workload"
-MAX_REPLICAS = 100
-
-# Kubernetes names: a Service name is a DNS-1035 label, a namespace a DNS-1123 label, a
-# PersistentVolumeClaim a DNS-1123 subdomain; label keys and values as the API validates them.
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_1123_SUBDOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-_S3_REPOSITORY = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/\S*)?$")
-_IMAGE = re.compile(r"^[^\s\x00-\x1f]{1,300}$")
-
-
-# --------------------------------------------------------------------------------------------
-# Checks
-# --------------------------------------------------------------------------------------------
-
-
-def _check_replicas(replicas: Any, minimum: int) -> int:
-    if isinstance(replicas, bool) or not isinstance(replicas, int):
-        raise DomainError("must be a whole number", field="replicas")
-    if not minimum <= replicas <= MAX_REPLICAS:
-        raise DomainError(f"must be between {minimum} and {MAX_REPLICAS}, got {replicas}",
-                          field="replicas")
-    return replicas
-
-
-NOT_SWITCHABLE = (
-    "autoscaling is chosen when a workload is created and cannot be switched: spec.replicas "
-    "would have to change server-side-apply managers between Switchyard and the HPA, and "
-    "that resets the Deployment's replica count (to 1) while it serves"
-)
-
-
-def _check_bound(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DomainError("must be a whole number", field=field)
-    if not 1 <= value <= MAX_REPLICAS:
-        raise DomainError(f"must be between 1 and {MAX_REPLICAS}, got {value}", field=field)
-    return value
-
-
-def _check_range(low: Any, high: Any) -> tuple[int, int]:
-    """An HPA's (min_replicas, max_replicas): both given, 1 <= min <= max <= 100."""
-    if low is None or high is None:
-        missing = "min_replicas" if low is None else "max_replicas"
-        raise DomainError("give min_replicas and max_replicas together (an HPA scales within "
-                          "them), or neither (a fixed replica count)", field=missing)
-    low, high = _check_bound(low, "min_replicas"), _check_bound(high, "max_replicas")
-    if low > high:
-        raise DomainError(f"must be at least min_replicas ({low}), got {high}",
-                          field="max_replicas")
-    return low, high
-
-
-def range_words(low: int, high: int) -> str:
-    """An autoscaled workload's replica range as its events name it: "1-4 replicas (HPA)"."""
-    return f"{low}-{high} replicas (HPA)"
-
-
-def _check_version(deployment: Deployment, version: ModelVersion) -> None:
-    check_loadable(deployment, version)
-    if version.runtime == ModelVersion.Runtime.VLLM and version.adapter_of:
-        raise DomainError(
-            f"v{version.version} is a LoRA adapter of {version.adapter_of}: a vLLM server runs "
-            "a base model; load adapters onto it", field="version",
-        )
-    if version.gpus < 1:
-        raise DomainError(
-            f"v{version.version} asks for no GPU: Switchyard runs GPU servers on Kubernetes",
-            field="version",
-        )
-
-
-def _check_runnable(version: ModelVersion, repository: str, claim: str) -> None:
-    """A vLLM version names the weights it runs, flags the platform allows and, for its
-    Hugging Face token, a Secret of the server's own namespace."""
-    if version.runtime == ModelVersion.Runtime.VLLM:
-        vllm_model(version, repository, claim)
-        vllm_args(version)
-        hf_token_secret(version)
-
-
-def _check_node_selector(selector: Any) -> dict[str, str]:
-    if not isinstance(selector, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
-    ):
-        raise DomainError("must be an object of label names and values", field="node_selector")
-    if len(selector) > 20:
-        raise DomainError("at most 20 labels", field="node_selector")
-    for key, value in selector.items():
-        prefix, _, name = key.rpartition("/")
-        if (prefix and not _DNS_1123_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name):
-            raise DomainError(f"{key!r} is not a Kubernetes label name", field="node_selector")
-        if not _LABEL_VALUE.match(value):
-            raise DomainError(f"{key}: {value!r} is not a Kubernetes label value",
-                              field="node_selector")
-    if not selector.get(kw.PRODUCT_LABEL):
-        raise DomainError(
-            f"name the GPU product with {kw.PRODUCT_LABEL} (e.g. NVIDIA-A100-SXM4-80GB): it "
-            "says which device class's quota the server uses", field="node_selector",
-        )
-    return dict(selector)
-
-
-def _check_storage(runtime: str, repository: str, claim: str) -> None:
-    if len(repository) > 500 or any(c.isspace() or ord(c) < 32 for c in repository):
-        raise DomainError("at most 500 characters, no spaces or control characters",
-                          field="model_repository")
-    if claim and not _DNS_1123_SUBDOMAIN.match(claim):
-        raise DomainError(f"{claim!r} is not a PersistentVolumeClaim name", field="volume_claim")
-    if repository.startswith("s3://"):
-        if not _S3_REPOSITORY.match(repository):
-            raise DomainError("an S3 repository is s3://bucket/prefix", field="model_repository")
-        if claim:
-            raise DomainError("an S3 repository needs no volume: leave volume_claim empty",
-                              field="volume_claim")
-    elif repository:
-        if not repository.startswith("/"):
-            raise DomainError("give s3://bucket/prefix, or the absolute path a volume is "
-                              "mounted at", field="model_repository")
-        if not claim:
-            raise DomainError(f"a repository at {repository} is on a volume: name its "
-                              "PersistentVolumeClaim", field="volume_claim")
-    elif runtime == kw.TRITON:
-        raise DomainError("a Triton server needs its model repository: s3://bucket/prefix, or "
-                          "a path on a volume", field="model_repository")
-    elif claim:
-        raise DomainError("give the path the volume is mounted at", field="model_repository")
 
 
 def _check_free(cluster_id: int, namespace: str, name: str,
@@ -308,34 +185,25 @@ def create_workload(
             f"{cluster.name}: Switchyard runs servers on Kubernetes clusters only",
             field="deployment",
         )
-    _check_version(deployment, version)
-    if not isinstance(name, str) or not _DNS_1035.match(name):
-        raise DomainError("a Kubernetes Service name: lowercase letters, digits and dashes, "
-                          "starting with a letter (at most 63)", field="name")
-    if not isinstance(namespace, str) or (namespace and not _DNS_1123_LABEL.match(namespace)):
-        raise DomainError("a Kubernetes namespace name: lowercase letters, digits and dashes "
-                          "(at most 63)", field="namespace")
+    check_version(deployment, version)
+    check_names(name, namespace)
     namespace = namespaces.resolve(deployment.tenant, cluster, namespace)
     autoscaled = min_replicas is not None or max_replicas is not None
     if autoscaled:
-        min_replicas, max_replicas = _check_range(min_replicas, max_replicas)
+        min_replicas, max_replicas = check_range(min_replicas, max_replicas)
         if replicas is not None:
             raise DomainError("an autoscaled server's replica count is its HPA's: give "
                               "min_replicas and max_replicas, not replicas", field="replicas")
         replicas = min_replicas  # what the HPA raises the Deployment to first
     else:
-        replicas = _check_replicas(1 if replicas is None else replicas, 1)
-    if not kw.is_gpu_resource(gpu_resource):
-        raise DomainError("nvidia.com/gpu, or a MIG slice such as nvidia.com/mig-3g.40gb",
-                          field="gpu_resource")
-    selector = _check_node_selector(node_selector if node_selector is not None else {})
-    _check_storage(version.runtime, model_repository, volume_claim)
-    _check_runnable(version, model_repository, volume_claim)
+        replicas = check_replicas(1 if replicas is None else replicas, 1)
+    check_gpu_resource(gpu_resource)
+    selector = check_node_selector(node_selector if node_selector is not None else {})
+    check_storage(version.runtime, model_repository, volume_claim)
+    check_runnable(version, model_repository, volume_claim)
     image = image or (settings.SWITCHYARD_TRITON_IMAGE if version.runtime == kw.TRITON
                       else settings.SWITCHYARD_VLLM_IMAGE)
-    if not _IMAGE.match(image):
-        raise DomainError("a container image reference (no spaces, at most 300 characters)",
-                          field="image")
+    check_image(image)
     klass = device_class(selector[kw.PRODUCT_LABEL], gpu_resource, deployment.cluster)
     scaling: dict[str, int] = (
         {"min_replicas": min_replicas, "max_replicas": max_replicas} if autoscaled
@@ -489,7 +357,7 @@ def scale(workload: ServerWorkload, replicas: Any, actor: Any) -> tuple[ServerWo
             f"{workload.max_replicas}). {NOT_SWITCHABLE[0].upper()}{NOT_SWITCHABLE[1:]}",
             field="replicas",
         )
-    replicas = _check_replicas(replicas, 0)
+    replicas = check_replicas(replicas, 0)
     with transaction.atomic():
         locked = _lock_for_change(workload, "scale it")
         before = locked.replicas
@@ -541,7 +409,7 @@ def set_replica_range(workload: ServerWorkload, min_replicas: Any, max_replicas:
         raise DomainError(f"{workload.name} runs a fixed replica count: scale it with "
                           f"replicas. {NOT_SWITCHABLE[0].upper()}{NOT_SWITCHABLE[1:]}; create "
                           "an autoscaled workload instead", field="min_replicas")
-    low, high = _check_range(min_replicas, max_replicas)
+    low, high = check_range(min_replicas, max_replicas)
     with transaction.atomic():
         locked = _lock_for_change(workload, "change its replica range")
         before = (locked.min_replicas, locked.max_replicas)
@@ -576,14 +444,14 @@ def roll_version(workload: ServerWorkload, version: ModelVersion,
             "(model-control-mode explicit), or run another server for a canary",
             field="version",
         )
-    _check_version(workload.deployment, version)
+    check_version(workload.deployment, version)
     with transaction.atomic():
         locked = _lock_for_change(workload, "roll it")
         before = locked.version
         if version.pk == before.pk and locked.state == State.READY:
             return locked, False
         namespaces.resolve(locked.tenant, locked.cluster, locked.namespace)
-        _check_runnable(version, locked.model_repository, locked.volume_claim)
+        check_runnable(version, locked.model_repository, locked.volume_claim)
         units, memory = demand(version, locked.quota_replicas)
         klass = device_class(locked.node_selector.get(kw.PRODUCT_LABEL, ""),
                              locked.gpu_resource, locked.cluster)
