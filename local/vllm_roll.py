@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from fleet.adapters.base import READY, AdapterError, LoadedVersion
-from fleet.adapters.triton_runtime import safe_extract
+from fleet.adapters.triton_repository import safe_extract
 from local import processes
 from local import vllm as vllm_local
 

@@ -3,7 +3,7 @@
 A version is immutable once registered and loaded long after, so its config is checked up front
 against the protobuf schema Triton itself parses (``inference.ModelConfig`` from tritonclient):
 unknown fields, wrong types, values out of range. The load merges the config over the model's
-``config.pbtxt`` with ``json_format.ParseDict`` (``fleet.adapters.triton_runtime``), so what
+``config.pbtxt`` with ``json_format.ParseDict`` (``fleet.adapters.triton_model_config``), so what
 passes here is what the load can send. Each problem names its path, such as
 ``triton_config.instance_group[0].kind``.
 """

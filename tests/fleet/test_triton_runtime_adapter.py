@@ -22,12 +22,9 @@ import httpx
 import pytest
 
 from fleet.adapters.base import AdapterError, LoadedVersion, ServerRuntime
-from fleet.adapters.triton_runtime import (
-    TritonServerRuntime,
-    config_difference,
-    config_hash,
-    tree_hash,
-)
+from fleet.adapters.triton_model_config import config_difference, config_hash
+from fleet.adapters.triton_repository import tree_hash
+from fleet.adapters.triton_runtime import TritonServerRuntime
 from local.triton import DEMO_MODELS_DIR, TritonProcess
 
 pytestmark = pytest.mark.triton

@@ -30,7 +30,7 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from fleet.adapters.triton_runtime import config_hash
+from fleet.adapters.triton_model_config import config_hash
 from fleet.inventory import health
 from fleet.models import AuditEvent, InferenceServer, Placement
 from local.triton import TritonProcess, TritonRuntime, start_triton
