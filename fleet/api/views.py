@@ -19,6 +19,7 @@ from rest_framework.serializers import BaseSerializer
 from console.exceptions import DomainError
 from console.filters import FilterSet
 from fleet import audit
+from fleet.api import inventory_serializers as inv
 from fleet.api import serializers as s
 from fleet.api.base import (
     ADMIN_WRITES,
@@ -232,13 +233,13 @@ class ClusterViewSet(AuditedFleetViewSet):
     """
 
     queryset = Cluster.objects.all()
-    serializer_class = s.ClusterSerializer
+    serializer_class = inv.ClusterSerializer
     filterset_fields = ["kind", "name"]
     audit_hidden = {"kube_secret_encrypted": "kube_secret"}
 
-    @extend_schema(request=None, responses=s.ConnectionResultSerializer)
+    @extend_schema(request=None, responses=inv.ConnectionResultSerializer)
     @action(detail=True, methods=["post"], url_path="test-connection",
-            serializer_class=s.ConnectionResultSerializer, filter_backends=[])
+            serializer_class=inv.ConnectionResultSerializer, filter_backends=[])
     def test_connection(self, request: Request, pk: str | None = None) -> Response:
         """Ask the cluster's API server for its version and list its nodes with the cluster's
         credentials (platform admin). Always 200 for a kubernetes cluster: a failed connection
@@ -248,8 +249,8 @@ class ClusterViewSet(AuditedFleetViewSet):
         return Response({"ok": result.ok, "detail": result.detail,
                          "server_version": result.server_version})
 
-    @extend_schema(request=None, responses={202: s.SyncQueuedSerializer})
-    @action(detail=True, methods=["post"], serializer_class=s.SyncQueuedSerializer,
+    @extend_schema(request=None, responses={202: inv.SyncQueuedSerializer})
+    @action(detail=True, methods=["post"], serializer_class=inv.SyncQueuedSerializer,
             filter_backends=[])
     def sync(self, request: Request, pk: str | None = None) -> Response:
         """Queue a sync of the cluster's nodes and servers now (platform admin); follow it in
@@ -259,8 +260,8 @@ class ClusterViewSet(AuditedFleetViewSet):
         detail = kube_connection.sync_queued_text(cluster, queued)
         return Response({"queued": queued, "detail": detail}, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(responses=s.ClusterSyncSerializer(many=True))
-    @action(detail=True, methods=["get"], serializer_class=s.ClusterSyncSerializer,
+    @extend_schema(responses=inv.ClusterSyncSerializer(many=True))
+    @action(detail=True, methods=["get"], serializer_class=inv.ClusterSyncSerializer,
             filter_backends=[])
     def syncs(self, request: Request, pk: str | None = None) -> Response:
         """The cluster's recent syncs, newest first: nodes and servers added, changed and
@@ -283,12 +284,12 @@ class NodeViewSet(AuditedFleetViewSet):
     A kubernetes cluster's nodes are synced from its API: read-only here (409)."""
 
     queryset = Node.objects.select_related("cluster")
-    serializer_class = s.NodeSerializer
+    serializer_class = inv.NodeSerializer
     filterset_class = NodeFilterSet
 
     def perform_destroy(self, instance: Node) -> None:
         if instance.synced:
-            raise s.synced_refusal(instance)
+            raise inv.synced_refusal(instance)
         super().perform_destroy(instance)
 
 
@@ -305,12 +306,12 @@ class GPUViewSet(AuditedFleetViewSet):
     node are read-only here (409)."""
 
     queryset = GPU.objects.select_related("node__cluster")
-    serializer_class = s.GPUSerializer
+    serializer_class = inv.GPUSerializer
     filterset_class = GPUFilterSet
 
     def perform_destroy(self, instance: GPU) -> None:
         if instance.node.synced:
-            raise s.synced_refusal(instance.node)
+            raise inv.synced_refusal(instance.node)
         super().perform_destroy(instance)
 
 
@@ -329,7 +330,7 @@ class InferenceServerViewSet(AuditedFleetViewSet):
     ``other_models`` counts the rest (platform admins see every model)."""
 
     queryset = InferenceServer.objects.select_related("cluster", "node")
-    serializer_class = s.InferenceServerSerializer
+    serializer_class = inv.InferenceServerSerializer
     filterset_class = ServerFilterSet
 
     def paginate_queryset(self, queryset: QuerySet) -> list[InferenceServer] | None:
@@ -341,7 +342,7 @@ class InferenceServerViewSet(AuditedFleetViewSet):
             server.shown_models = shown[server.pk]
         return page
 
-    @extend_schema(request=None, responses=s.InferenceServerSerializer)
+    @extend_schema(request=None, responses=inv.InferenceServerSerializer)
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated])
     def check(self, request: Request, pk: str | None = None) -> Response:
         server = self.get_object()
