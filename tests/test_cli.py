@@ -20,7 +20,7 @@ import pytest
 from console import cli
 from fleet.models import Cluster, Membership
 from fleet.tenancy import tokens
-from rollouts.canary import requests as rollout
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, ModelVersion, Rollout
 from tests.api.benchmark_rows import finished_job
 from tests.factories import (
@@ -126,7 +126,7 @@ def test_wait_prints_each_change_and_exits_4_when_aborted_with_the_reason(switch
     assert aborted.returncode == 0, aborted.stderr
     assert "abort asked for" in aborted.stdout
     time.sleep(1.5)  # the waiter sees the action asked for before the tick carries it out
-    rollout.advance(rollout_id, force=True)
+    rollout_reconciler.advance(rollout_id, force=True)
     out, err = waiter.communicate(timeout=30)
 
     assert waiter.returncode == cli.ABORTED, (first, out, err)

@@ -5,7 +5,9 @@ with its steps, analyses, approvals and timeline; ``POST /rollouts/`` asks for o
 ``Idempotency-Key`` a retried request replays the first); ``POST /rollouts/{id}/pause/``,
 ``resume/``, ``promote/`` and ``abort/`` record an action the reconciler carries out at its
 next tick (202); ``approve/`` and ``retry/`` take effect at once (200). Every write calls
-:mod:`rollouts.canary.requests`, as the console does.
+:mod:`rollouts.canary.requests`, as the console does; the serializers here only shape a body
+(types, required fields), and the domain's checks (:mod:`rollouts.canary.specs`) refuse what it
+may not ask for, naming the field.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from console.filters import FilterSet
 from console.serializers import StrictFieldsMixin
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
-from rollouts.api.routes import HEADER, VersionWeightsField
+from rollouts.api.routes import VersionWeightsField
 from rollouts.api.serializers import DecisionSerializer
+from rollouts.canary import analysis as canary_analysis
 from rollouts.canary import requests as rollout
+from rollouts.canary import specs
 from rollouts.models import (
     Deployment,
     Rollout,
@@ -44,29 +48,28 @@ from rollouts.models import (
 
 MAX_VERSION = 2**31 - 1  # what a version number column holds
 EVENTS_SHOWN = 200  # a rollout's detail carries the newest events of its timeline, oldest first
-ALIAS = r"^[A-Za-z0-9_-]*$"
 TOP_FIELD = re.compile(r"[A-Za-z_]+")
 
 
 # --------------------------------------------------------------------------------------------
-# Schemas of the JSON inputs the domain checks (rollouts.canary.requests.parse_steps, parse_analysis)
+# Schemas of the inputs the domain checks (rollouts.canary.specs, analysis.parse_analysis)
 # --------------------------------------------------------------------------------------------
 
 
 def _setting_schema(key: str) -> dict[str, Any]:
-    low, high, kind = rollout.ANALYSIS_LIMITS[key]
+    low, high, kind = canary_analysis.ANALYSIS_LIMITS[key]
     schema: dict[str, Any] = {"type": "integer" if kind is int else "number",
                               "minimum": low, "maximum": high}
-    if rollout.ANALYSIS_DEFAULTS[key] is None:
+    if canary_analysis.ANALYSIS_DEFAULTS[key] is None:
         schema["type"] = [schema["type"], "null"]
     else:
-        schema["default"] = rollout.ANALYSIS_DEFAULTS[key]
+        schema["default"] = canary_analysis.ANALYSIS_DEFAULTS[key]
     return schema
 
 
 ANALYSIS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {key: _setting_schema(key) for key in rollout.ANALYSIS_DEFAULTS},
+    "properties": {key: _setting_schema(key) for key in canary_analysis.ANALYSIS_DEFAULTS},
     "additionalProperties": False,
     "description": (
         "How analyses judge the candidate; settings left out take their defaults. "
@@ -84,7 +87,7 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
          "type": "object", "additionalProperties": False,
          "description": "{} waits until a person resumes; {seconds} waits that long",
          "properties": {"seconds": {"type": "number", "minimum": 1,
-                                    "maximum": rollout.MAX_PAUSE_S}}}}},
+                                    "maximum": specs.MAX_PAUSE_S}}}}},
     {"type": "object", "required": ["analysis"], "additionalProperties": False,
      "properties": {"analysis": {**ANALYSIS_SCHEMA, "description": (
          "Judge the canary at its weight until it passes; settings here override the "
@@ -111,7 +114,7 @@ class _JSONInput(serializers.Field):
 
 
 @extend_schema_field({
-    "type": "array", "minItems": 1, "maxItems": rollout.MAX_STEPS,
+    "type": "array", "minItems": 1, "maxItems": specs.MAX_STEPS,
     "items": {"oneOf": STEP_SCHEMAS},
     "description": (
         "Canary: the steps, in order (default: 5%, analysis, 25%, analysis, 50%, analysis). "
@@ -130,6 +133,36 @@ class StepsField(_JSONInput):
 class AnalysisField(_JSONInput):
     kind = dict
     kind_message = "must be an object of analysis settings"
+
+
+# The fields below are checked by the domain (rollouts.canary.specs), which names them in its
+# refusal; their schemas state its limits.
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": specs.MAX_DURATION_S})
+class DurationField(serializers.IntegerField):
+    """Seconds an A/B split runs (``specs.duration_s`` checks them)."""
+
+
+@extend_schema_field({"type": "integer", "minimum": specs.AB_MIN_SAMPLES,
+                      "maximum": specs.MAX_SAMPLE_SIZE})
+class SampleSizeField(serializers.IntegerField):
+    """Requests a variant of an A/B split collects (``specs.sample_size`` checks them)."""
+
+
+def _name_schema(pattern: re.Pattern[str]) -> dict[str, Any]:
+    return {"oneOf": [{"type": "string", "maxLength": 64, "pattern": f"^{pattern.pattern}$"},
+                      {"type": "string", "maxLength": 0}]}
+
+
+@extend_schema_field(_name_schema(specs.HEADER_NAME))
+class StickyHeaderField(serializers.CharField):
+    """A request header's name, or empty (``specs.sticky_header`` checks it)."""
+
+
+@extend_schema_field(_name_schema(specs.ALIAS_NAME))
+class AliasNameField(serializers.CharField):
+    """An alias's name, or empty for none (``specs.alias_name`` checks it)."""
 
 
 class VariantSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -167,28 +200,21 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
         child=VariantSerializer(), required=False, min_length=2, max_length=10,
         help_text="A/B: 2 to 10 versions whose weights sum to 100; the first is the reference",
     )
-    duration_s = serializers.IntegerField(
-        required=False, min_value=1, max_value=30 * 24 * 3600,
-        help_text="A/B: end after this many seconds",
+    duration_s = DurationField(required=False, help_text="A/B: end after this many seconds")
+    sample_size = SampleSizeField(
+        required=False, help_text="A/B: end once every variant has this many requests",
     )
-    sample_size = serializers.IntegerField(
-        required=False, min_value=rollout.AB_MIN_SAMPLES, max_value=10_000_000,
-        help_text="A/B: end once every variant has this many requests",
-    )
-    sticky_header = serializers.RegexField(
-        HEADER, required=False, allow_blank=True, max_length=64,
+    sticky_header = StickyHeaderField(
+        required=False, allow_blank=True,
         help_text="A/B: the request header whose value keeps a client on its variant",
-        error_messages={"invalid": "must be a header name of letters, digits and hyphens "
-                                   "starting with a letter (at most 64)"},
     )
     promote = serializers.BooleanField(
         required=False, help_text="A/B: promote a clear winner at the end (canary: always)",
     )
-    alias = serializers.RegexField(
-        ALIAS, required=False, allow_blank=True, max_length=64,
+    alias = AliasNameField(
+        required=False, allow_blank=True,
         help_text="The alias promotion moves to the candidate (default: production for a "
                   "production deployment, else none; empty for none)",
-        error_messages={"invalid": "an alias name (letters, digits, - and _), or empty for none"},
     )
     unload_previous = serializers.BooleanField(
         default=True, help_text="Unload the baseline once the candidate is promoted",
@@ -322,10 +348,10 @@ class RolloutSerializer(serializers.ModelSerializer):
     @extend_schema_field({
         "type": "object", "description": "The settings analyses run with (defaults, the "
         "rollout's and the deployment's SLO for the ceilings left out)",
-        "properties": {key: {"type": ["number", "null"]} for key in rollout.ANALYSIS_DEFAULTS},
+        "properties": {key: {"type": ["number", "null"]} for key in canary_analysis.ANALYSIS_DEFAULTS},
     })
     def get_analysis(self, obj: Rollout) -> dict[str, Any]:
-        return rollout.analysis_config(obj)
+        return canary_analysis.analysis_config(obj)
 
     @extend_schema_field({"type": ["string", "null"], "format": "uri"})
     def get_route_url(self, obj: Rollout) -> str | None:

@@ -1,370 +1,339 @@
-"""The judge: is a canary worse than its baseline, on the same window of real requests?
-
-Plain Python over per-request samples (latencies in ms and error flags), no Django: the rollout
-reconciler hands it the route samples of the canary and of the baseline over one window
-(``rollouts.traffic.samples.window``) and keeps everything it answers.
-
-Latency. A one-sided Mann-Whitney U test (scipy) asks whether the canary's latencies tend to
-be larger than the baseline's; the effect is the Hodges-Lehmann shift (the median of all
-canary-minus-baseline differences) with its distribution-free confidence interval, also given
-relative to the baseline's median.
-
-Errors. A one-sided Fisher exact test (scipy) asks whether the canary's error rate is higher;
-the effect is the difference of the two rates with Newcombe's hybrid score interval.
-
-Looking repeatedly. The judge runs every tick while samples accumulate: testing each look at
-the full level would raise false alarms (peeking). The overall false-alarm probability is
-spent over the looks with the O'Brien-Fleming-type spending function of Lan and DeMets,
-alpha(t) = 2 - 2 Phi(z_{alpha/2} / sqrt(t)), t being the fraction of the planned sample seen so
-far; each look is tested at the level it adds, so by the union bound the chance of any false
-alarm over all looks stays below ``alpha`` however often the judge looks. Early looks spend
-almost nothing, so a canary is failed early only on overwhelming evidence.
-
-Verdicts, per look:
-
-* ``fail``: a test rejects at this look's level and the effect is larger than the tolerance
-  (a real regression, not a statistically significant trifle);
-* ``pass``: the planned sample is reached and the confidence intervals exclude a regression
-  larger than the tolerance (the canary is at most that much worse);
-* ``inconclusive``: not enough samples yet (fewer than ``min_samples`` per side), or the
-  planned sample is reached and neither holds: a person decides.
+"""The canary decision, all in one place: whether a candidate goes on, goes back or waits for a
+person. Here are the analysis settings (defaults, limits and their check), the evidence (the
+route's samples by version), the health watch, the SLO gates, the policy of an analysis step
+(a verdict per look, the timeout and the failure limit) and the A/B verdict. The statistics a
+look rests on are in :mod:`rollouts.canary.judge`; :mod:`rollouts.canary.reconciler` carries out
+what is decided here (the next step, the way back, a pause).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import time
 from typing import Any
 
-import numpy as np
-from scipy import stats
+from django.utils import timezone
 
-PASS = "pass"
-FAIL = "fail"
-INCONCLUSIVE = "inconclusive"
+from console.exceptions import DomainError
+from fleet.models import InferenceServer
+from rollouts.canary import judge
+from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
+from rollouts.traffic import samples
 
-# The Hodges-Lehmann interval sorts every pairwise difference; beyond this many samples a side
-# an evenly spaced subsample of the sorted latencies stands for it (quantiles kept exactly).
-MAX_PAIRWISE_SIDE = 1000
+log = logging.getLogger(__name__)
+Verdict = RolloutAnalysis.Verdict
 
-
-@dataclass(frozen=True)
-class JudgeConfig:
-    """How a canary is judged.
-
-    ``planned_samples``: requests per side at which the judge must decide (the information
-    fraction is the smaller side's count over it). ``min_samples``: per side, before any
-    verdict. ``latency_tolerance_pct``: how much slower (Hodges-Lehmann shift over the
-    baseline's median) the canary may be. ``error_tolerance_pct``: how many percentage points
-    more errors it may have. ``alpha``: the chance of failing a canary that is no worse, over
-    every look. ``confidence``: of the reported intervals.
-    """
-
-    planned_samples: int = 2000
-    min_samples: int = 100
-    latency_tolerance_pct: float = 5.0
-    error_tolerance_pct: float = 1.0
-    alpha: float = 0.05
-    confidence: float = 0.95
-
-    def __post_init__(self) -> None:
-        if self.min_samples < 10:
-            raise ValueError("min_samples must be at least 10")
-        if self.planned_samples < self.min_samples:
-            raise ValueError("planned_samples must be at least min_samples")
-        if not 0 < self.alpha < 0.5:
-            raise ValueError("alpha must be between 0 and 0.5")
-        if not 0.5 < self.confidence < 1:
-            raise ValueError("confidence must be between 0.5 and 1")
-        if self.latency_tolerance_pct < 0 or self.error_tolerance_pct < 0:
-            raise ValueError("tolerances cannot be negative")
-
-
-@dataclass(frozen=True)
-class Interval:
-    estimate: float
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
-class LatencyComparison:
-    """Canary against baseline latency; ``shift_ms`` > 0 means the canary is slower."""
-
-    p_value: float  # one-sided: the canary is slower
-    shift_ms: Interval  # Hodges-Lehmann shift, canary - baseline
-    shift_pct: Interval  # the same, in percent of the baseline's median
-    canary_p50_ms: float
-    baseline_p50_ms: float
-    canary_p95_ms: float
-    baseline_p95_ms: float
-    canary_p99_ms: float
-    baseline_p99_ms: float
+# How analyses judge, unless the rollout (or the step) says otherwise. ``max_p99_ms`` and
+# ``max_error_rate`` default to the deployment's SLO.
+ANALYSIS_DEFAULTS: dict[str, Any] = {
+    "planned_samples": 1000,
+    "min_samples": 100,
+    "latency_tolerance_pct": 5.0,
+    "error_tolerance_pct": 1.0,
+    "alpha": 0.05,
+    "failure_limit": 0,
+    "timeout_s": 900,
+    "max_p50_ms": None,
+    "max_p95_ms": None,
+    "max_p99_ms": None,
+    "max_error_rate": None,
+}
+# The range and type of each analysis setting: parse_analysis refuses outside them, and the
+# API's schema states them.
+ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
+    "planned_samples": (10, 10_000_000, int),
+    "min_samples": (10, 10_000_000, int),
+    "latency_tolerance_pct": (0, 1000, float),
+    "error_tolerance_pct": (0, 100, float),
+    "alpha": (0.0001, 0.4999, float),
+    "failure_limit": (0, 1000, int),
+    "timeout_s": (1, 7 * 24 * 3600, int),
+    "max_p50_ms": (0.001, 3_600_000, float),
+    "max_p95_ms": (0.001, 3_600_000, float),
+    "max_p99_ms": (0.001, 3_600_000, float),
+    "max_error_rate": (0, 100, float),
+}
+# The candidate's requests failing upstream (no answer, 502, 504) over this many seconds, at
+# least UPSTREAM_MIN of them and at least UPSTREAM_SHARE of its requests: its server is down.
+UPSTREAM_WINDOW_S = 3.0
+UPSTREAM_MIN = 5
+UPSTREAM_SHARE = 0.5
+# What :func:`look` answers when a look failed within the failures allowed: the analysis
+# starts again on a fresh window.
+JUDGE_AGAIN = "judge_again"
 
 
-@dataclass(frozen=True)
-class ErrorComparison:
-    """Canary against baseline error rates (percent); ``difference_pct`` > 0: more errors."""
-
-    p_value: float  # one-sided: the canary fails more often
-    canary_rate_pct: float
-    baseline_rate_pct: float
-    difference_pct: Interval
+# --------------------------------------------------------------------------------------------
+# The settings
+# --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """One look's verdict with every number behind it."""
-
-    verdict: str
-    reasons: list[str]
-    canary_samples: int
-    baseline_samples: int
-    information: float  # the fraction of the planned sample seen
-    level: float  # the false-alarm level this look was tested at
-    spent: float  # the false-alarm probability spent up to and including this look
-    latency: LatencyComparison | None = None
-    errors: ErrorComparison | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+def is_number(value: object) -> bool:
+    """A finite int or float, not a bool: what a number in a request body may be."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def spent_alpha(information: float, alpha: float) -> float:
-    """O'Brien-Fleming-type spending (Lan-DeMets): the false-alarm probability that may be
-    spent once ``information`` (0..1) of the planned sample has been seen."""
-    if information <= 0:
-        return 0.0
-    t = min(information, 1.0)
-    z = stats.norm.isf(alpha / 2)
-    return float(min(alpha, 2.0 - 2.0 * stats.norm.cdf(z / math.sqrt(t))))
+def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
+    """The analysis settings given (an object of the keys of :data:`ANALYSIS_DEFAULTS`),
+    checked; a DomainError naming ``field.key`` otherwise. Keys not given are left out."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DomainError("must be an object", field=field)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in ANALYSIS_LIMITS:
+            known = ", ".join(sorted(ANALYSIS_LIMITS))
+            raise DomainError(f"unknown setting {str(key)[:40]!r}; known: {known}", field=field)
+        if value is None and ANALYSIS_DEFAULTS[key] is None:
+            out[key] = None
+            continue
+        low, high, kind = ANALYSIS_LIMITS[key]
+        if not is_number(value) or (kind is int and value != int(value)) or not low <= value <= high:
+            what = "an integer" if kind is int else "a number"
+            raise DomainError(f"must be {what} from {low:g} to {high:g}, got {value!r}"[:200],
+                              field=f"{field}.{key}")
+        out[key] = kind(value)
+    merged = {**ANALYSIS_DEFAULTS, **out}
+    if merged["planned_samples"] < merged["min_samples"]:
+        raise DomainError("must be at least min_samples", field=f"{field}.planned_samples")
+    return out
 
 
-def hodges_lehmann(canary: np.ndarray, baseline: np.ndarray, confidence: float) -> Interval:
-    """The Hodges-Lehmann shift (canary - baseline) with its distribution-free interval: the
-    order statistics of the pairwise differences that the Mann-Whitney distribution (normal
-    approximation) puts at the interval's ends."""
-    a = _thin(np.sort(canary))
-    b = _thin(np.sort(baseline))
-    n, m = len(a), len(b)
-    diffs = (a[:, None] - b[None, :]).ravel()
-    total = diffs.size
-    z = stats.norm.isf((1 - confidence) / 2)
-    k = math.floor(total / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
-    k = min(max(k, 0), total - 1)
-    hi_index = total - 1 - k
-    middle = (total - 1) // 2, total // 2
-    picked = np.partition(diffs, sorted({k, hi_index, *middle}))
-    estimate = float((picked[middle[0]] + picked[middle[1]]) / 2)
-    return Interval(estimate, float(picked[k]), float(picked[hi_index]))
+def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings an analysis runs with: defaults, the rollout's, the step's; the SLO
+    ceilings from the deployment where none were given."""
+    config = {**ANALYSIS_DEFAULTS, **(rollout.analysis or {}), **(overrides or {})}
+    if config["max_p99_ms"] is None:
+        config["max_p99_ms"] = float(rollout.deployment.slo_p99_ms)
+    if config["max_error_rate"] is None:
+        config["max_error_rate"] = float(rollout.deployment.slo_error_rate)
+    return config
 
 
-def _thin(ordered: np.ndarray) -> np.ndarray:
-    if len(ordered) <= MAX_PAIRWISE_SIDE:
-        return ordered
-    picks = np.linspace(0, len(ordered) - 1, MAX_PAIRWISE_SIDE).round().astype(int)
-    return ordered[picks]
+# --------------------------------------------------------------------------------------------
+# The evidence and the health watch
+# --------------------------------------------------------------------------------------------
 
 
-def compare_latency(canary: Sequence[float], baseline: Sequence[float],
-                    confidence: float = 0.95) -> LatencyComparison:
-    """Canary against baseline latencies (ms); both need at least one sample."""
-    a = np.asarray(canary, dtype=float)
-    b = np.asarray(baseline, dtype=float)
-    if not len(a) or not len(b):
-        raise ValueError("both sides need samples")
-    test = stats.mannwhitneyu(a, b, alternative="greater", method="asymptotic")
-    shift = hodges_lehmann(a, b, confidence)
-    base = float(np.median(b))
-    scale = 100.0 / base if base > 0 else 0.0
-    return LatencyComparison(
-        p_value=float(test.pvalue),
-        shift_ms=shift,
-        shift_pct=Interval(shift.estimate * scale, shift.low * scale, shift.high * scale),
-        canary_p50_ms=float(np.quantile(a, 0.50)),
-        baseline_p50_ms=base,
-        canary_p95_ms=float(np.quantile(a, 0.95)),
-        baseline_p95_ms=float(np.quantile(b, 0.95)),
-        canary_p99_ms=float(np.quantile(a, 0.99)),
-        baseline_p99_ms=float(np.quantile(b, 0.99)),
+def samples_by_version(rollout: Rollout, seconds: float) -> tuple[dict[int, list[samples.Sample]], float]:
+    """The route's samples of the last ``seconds``, by version; and the time they were read."""
+    now = time.time()
+    route = Route.objects.filter(pk=rollout.deployment_id).first()
+    meaning = route.variants if route is not None else {}
+    by_version: dict[int, list[samples.Sample]] = {}
+    for variant, found in samples.window(rollout.deployment_id, seconds, now=now).items():
+        number = (meaning.get(variant) or {}).get("version")
+        if number is not None:
+            by_version.setdefault(int(number), []).extend(found)
+    return by_version, now
+
+
+def health_problem(rollout: Rollout, watched: list[ModelVersion]) -> tuple[str, dict[str, Any]] | None:
+    """Why the versions under test (``watched``) are unhealthy, with the evidence, or None: a
+    load no longer ready, a server the health probes call unhealthy or unreachable, or the
+    version's requests failing upstream (no answer, 502/504)."""
+    servers = list(rollout.deployment.servers.filter(name__in=rollout.servers))
+    for version in watched:
+        for server in servers:
+            load = ModelLoad.objects.filter(server=server, version=version).order_by("-created_at").first()
+            if load is None or load.state != ModelLoad.State.READY:
+                state = load.get_state_display().lower() if load else "not loaded"
+                return (f"v{version.version} is no longer ready on {server.name} ({state})",
+                        {"server": server.name, "load": load.pk if load else None,
+                         "load_state": load.state if load else None,
+                         "error": load.error if load else ""})
+            if server.health in (InferenceServer.Health.UNHEALTHY, InferenceServer.Health.UNREACHABLE):
+                return (f"{server.name}, serving v{version.version}, is {server.health}: "
+                        f"{server.health_detail}",
+                        {"server": server.name, "health": server.health,
+                         "detail": server.health_detail})
+    try:
+        by_version, _ = samples_by_version(rollout, UPSTREAM_WINDOW_S)
+    except Exception as exc:  # redis down: the analysis says so; health is not judged on it
+        log.warning("rollout %s: cannot read samples: %s", rollout.pk, exc)
+        return None
+    for version in watched:
+        found = by_version.get(version.version, [])
+        failed = [s for s in found if s.upstream_failed]
+        if len(failed) >= UPSTREAM_MIN and len(failed) >= UPSTREAM_SHARE * len(found):
+            return (f"v{version.version}'s server did not answer {len(failed)} of its "
+                    f"{len(found)} requests in the last {UPSTREAM_WINDOW_S:g} s",
+                    {"requests": len(found), "upstream_failures": len(failed),
+                     "statuses": sorted({s.status for s in failed})})
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# An analysis step: SLO gates, the judge, the timeout and the failure limit
+# --------------------------------------------------------------------------------------------
+
+
+def slo_gates(found: list[samples.Sample], config: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's p50/p95/p99 and error rate against their ceilings (those set)."""
+    summary = samples.summarize(found, 1.0)
+    gates = []
+    for name, key, limit_key in (("p50", "p50_ms", "max_p50_ms"), ("p95", "p95_ms", "max_p95_ms"),
+                                 ("p99", "p99_ms", "max_p99_ms"),
+                                 ("error rate", "error_rate", "max_error_rate")):
+        limit = config.get(limit_key)
+        if limit is None:
+            continue
+        value = summary.get(key)
+        gates.append({"name": name, "value": value, "limit": limit,
+                      "ok": value is None or value <= limit})
+    checked = len(found) >= config["min_samples"]
+    return {"checked": checked, "samples": len(found), "gates": gates,
+            "ok": not checked or all(g["ok"] for g in gates)}
+
+
+def analysis_row(rollout: Rollout, config: dict[str, Any]) -> RolloutAnalysis:
+    """The record of the analysis of the rollout's current step (this attempt's), made at its
+    first look: its window starts then."""
+    row, _ = RolloutAnalysis.objects.get_or_create(
+        rollout=rollout, attempt=rollout.attempt, step_index=rollout.step_index,
+        defaults={"window_start": time.time(), "weight": rollout.candidate_weight,
+                  "config": config},
     )
+    return row
 
 
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[samples.Sample],
+         baseline: list[samples.Sample], now: float) -> str:
+    """One look of a running analysis at the requests of the candidate and the baseline
+    since its window began (read at ``now``), recorded on ``row``. Returns the step's end:
+    ``pass``, ``fail`` or ``inconclusive`` (the planned sample reached without a verdict, or
+    ``timeout_s`` passed); ``running`` to look again next tick; :data:`JUDGE_AGAIN` after a
+    failed look within ``failure_limit`` (the window starts afresh).
 
-
-def compare_errors(canary_errors: int, canary_total: int, baseline_errors: int,
-                   baseline_total: int, confidence: float = 0.95) -> ErrorComparison:
-    """Canary against baseline error counts: Fisher's exact test (one-sided) and Newcombe's
-    interval for the difference of the rates, in percentage points."""
-    if canary_total <= 0 or baseline_total <= 0:
-        raise ValueError("both sides need samples")
-    table = [[canary_errors, canary_total - canary_errors],
-             [baseline_errors, baseline_total - baseline_errors]]
-    p_value = float(stats.fisher_exact(table, alternative="greater").pvalue)
-    z = stats.norm.isf((1 - confidence) / 2)
-    p1, p2 = canary_errors / canary_total, baseline_errors / baseline_total
-    l1, u1 = _wilson(canary_errors, canary_total, z)
-    l2, u2 = _wilson(baseline_errors, baseline_total, z)
-    diff = p1 - p2
-    low = diff - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
-    high = diff + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
-    return ErrorComparison(
-        p_value=p_value,
-        canary_rate_pct=100 * p1,
-        baseline_rate_pct=100 * p2,
-        difference_pct=Interval(100 * diff, 100 * low, 100 * high),
-    )
-
-
-def judge(
-    canary_ms: Sequence[float],
-    canary_errors: int,
-    baseline_ms: Sequence[float],
-    baseline_errors: int,
-    config: JudgeConfig,
-    *,
-    spent_before: float = 0.0,
-) -> Judgement:
-    """One look at a canary against its baseline over the same window.
-
-    ``canary_ms`` and ``baseline_ms`` are the latencies of every request of each side in the
-    window; ``*_errors`` how many of them failed. ``spent_before`` is the false-alarm
-    probability earlier looks of this analysis spent (the previous judgement's ``spent``).
-    """
-    n, m = len(canary_ms), len(baseline_ms)
-    information = min(n, m) / config.planned_samples
-    if min(n, m) < config.min_samples:
-        return Judgement(
-            INCONCLUSIVE, [f"not enough requests yet: {n} canary, {m} baseline "
-                           f"(at least {config.min_samples} each)"],
-            n, m, information, 0.0, spent_before,
-        )
-    spent = max(spent_alpha(information, config.alpha), spent_before)
-    # Each look may spend what the spending function has added since the last one; the two
-    # tests (latency, errors) share it.
-    level = max(spent - spent_before, 0.0) / 2
-    latency = compare_latency(canary_ms, baseline_ms, config.confidence)
-    errors = compare_errors(canary_errors, n, baseline_errors, m, config.confidence)
-    reasons = []
-    if latency.p_value < level and latency.shift_pct.estimate > config.latency_tolerance_pct:
-        reasons.append(
-            f"latency: the canary is {latency.shift_pct.estimate:.1f}% slower (interval "
-            f"{latency.shift_pct.low:.1f}% to {latency.shift_pct.high:.1f}%, p = "
-            f"{latency.p_value:.2g} < {level:.2g}), beyond the {config.latency_tolerance_pct:g}% "
-            "allowed")
-    if errors.p_value < level and errors.difference_pct.estimate > config.error_tolerance_pct:
-        reasons.append(
-            f"errors: {errors.canary_rate_pct:.2f}% against {errors.baseline_rate_pct:.2f}% "
-            f"(+{errors.difference_pct.estimate:.2f} points, p = {errors.p_value:.2g} < "
-            f"{level:.2g}), beyond the {config.error_tolerance_pct:g} points allowed")
-    if reasons:
-        verdict = FAIL
-    elif information < 1:
-        verdict = INCONCLUSIVE
-        reasons.append(f"{min(n, m)} of {config.planned_samples} planned requests a side: "
-                       "no regression shown yet")
-    elif (latency.shift_pct.high <= config.latency_tolerance_pct
-          and errors.difference_pct.high <= config.error_tolerance_pct):
-        verdict = PASS
-        reasons.append(
-            f"at most {max(latency.shift_pct.high, 0):.1f}% slower and "
-            f"{max(errors.difference_pct.high, 0):.2f} points more errors "
-            f"({config.confidence:.0%} intervals), within what is allowed")
+    The SLO gates fail the candidate whatever the judge says; with all the traffic on the
+    candidate there is no baseline to compare with, and the gates alone decide."""
+    gates = slo_gates(canary, config)
+    if row.weight >= 100:
+        judgement = judge.Judgement(
+            judge.PASS if gates["checked"] else judge.INCONCLUSIVE,
+            ["the canary carries all traffic: judged by the SLO gates alone"
+             + ("" if gates["checked"] else f" once it has {config['min_samples']} requests")],
+            len(canary), 0, min(len(canary) / config["planned_samples"], 1.0), 0.0, 0.0)
     else:
-        verdict = INCONCLUSIVE
-        reasons.append("the planned sample is reached but the intervals do not rule out a "
-                       "regression beyond the tolerance: a person decides")
-    return Judgement(verdict, reasons, n, m, information, level, spent, latency, errors)
+        judge_config = judge.JudgeConfig(
+            planned_samples=config["planned_samples"], min_samples=config["min_samples"],
+            latency_tolerance_pct=config["latency_tolerance_pct"],
+            error_tolerance_pct=config["error_tolerance_pct"], alpha=config["alpha"],
+        )
+        judgement = judge.judge_samples(canary, baseline, judge_config, spent_before=row.spent)
+    reasons = list(judgement.reasons)
+    verdict = judgement.verdict
+    if not gates["ok"]:
+        verdict = judge.FAIL
+        reasons = [f"SLO: the canary's {g['name']} is {g['value']:.4g} against a ceiling of "
+                   f"{g['limit']:g}" for g in gates["gates"] if not g["ok"]] + (
+            reasons if judgement.verdict == judge.FAIL else [])
+    elapsed = now - row.window_start
+    if verdict == judge.INCONCLUSIVE and (judgement.information >= 1 or elapsed >= config["timeout_s"]):
+        ended = verdict
+        if judgement.information < 1:
+            reasons.append(f"{elapsed:.0f} s passed without a verdict (timeout {config['timeout_s']} s)")
+    else:
+        ended = verdict if verdict != judge.INCONCLUSIVE else Verdict.RUNNING
+    fields: dict[str, Any] = {
+        "looks": row.looks + 1, "spent": judgement.spent, "judgement": judgement.to_json(),
+        "slo": gates, "reasons": reasons, "updated_at": timezone.now(),
+    }
+    if ended == judge.FAIL:
+        fields["failed_looks"] = row.failed_looks + 1
+        if fields["failed_looks"] <= config["failure_limit"]:
+            # Within the failures allowed: judge again on a fresh window.
+            fields.update(window_start=time.time(), spent=0.0)
+            _record(row, fields)
+            return JUDGE_AGAIN
+    if ended != Verdict.RUNNING:
+        fields.update(verdict=ended, finished_at=timezone.now())
+    _record(row, fields)
+    return ended
 
 
-def judge_samples(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeConfig, *,
-                  spent_before: float = 0.0) -> Judgement:
-    """:func:`judge` over per-request samples (``rollouts.traffic.samples.Sample``: ``latency_ms``
-    and ``is_error``) of the canary and the baseline, taken over the same window."""
-    return judge(
-        [s.latency_ms for s in canary], sum(1 for s in canary if s.is_error),
-        [s.latency_ms for s in baseline], sum(1 for s in baseline if s.is_error),
-        config, spent_before=spent_before,
-    )
+def _record(row: RolloutAnalysis, fields: dict[str, Any]) -> None:
+    RolloutAnalysis.objects.filter(pk=row.pk).update(**fields)
+    for key, value in fields.items():
+        setattr(row, key, value)
 
 
-@dataclass(frozen=True)
-class VariantDifference:
-    """An A/B comparison of one variant against the reference variant."""
-
-    variant: str
-    reference: str
-    samples: int
-    reference_samples: int
-    p50_diff_ms: Interval
-    p95_diff_ms: Interval
-    error_diff_pct: Interval
-    latency_p_value: float  # two-sided Mann-Whitney U
-    enough: bool  # the sample detects the target effect with the target power
-    more_needed: int  # requests per variant still needed for that (0 when enough)
+# --------------------------------------------------------------------------------------------
+# The A/B verdict
+# --------------------------------------------------------------------------------------------
 
 
-def bootstrap_quantile_difference(a: np.ndarray, b: np.ndarray, q: float, confidence: float,
-                                  rng: np.random.Generator, rounds: int = 400) -> Interval:
-    """The difference of the ``q`` quantiles (a - b) with a percentile bootstrap interval."""
-    estimate = float(np.quantile(a, q) - np.quantile(b, q))
-    ra = rng.choice(a, size=(rounds, len(a)), replace=True)
-    rb = rng.choice(b, size=(rounds, len(b)), replace=True)
-    diffs = np.quantile(ra, q, axis=1) - np.quantile(rb, q, axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(diffs, [tail, 1 - tail])
-    return Interval(estimate, float(low), float(high))
+def ab_done(rollout: Rollout, counts: dict[int, int], elapsed: float) -> bool:
+    """Whether an A/B split has run its course: ``duration_s`` passed, or every variant has
+    ``sample_size`` requests (``counts``, by version)."""
+    done_by_time = rollout.duration_s is not None and elapsed >= rollout.duration_s
+    done_by_size = rollout.sample_size is not None and min(counts.values()) >= rollout.sample_size
+    return done_by_time or done_by_size
 
 
-def samples_needed(baseline_ms: Sequence[float], effect_pct: float, alpha: float = 0.05,
-                   power: float = 0.8) -> int:
-    """Requests per variant for a two-sided Mann-Whitney test to detect a shift of
-    ``effect_pct`` of the baseline's median with ``power``: the t-test sample size for the
-    shift over the latencies' spread, inflated by the test's worst-case efficiency (0.864)."""
-    b = np.asarray(baseline_ms, dtype=float)
-    if len(b) < 2:
-        raise ValueError("the baseline needs at least 2 samples")
-    shift = abs(effect_pct) / 100 * float(np.median(b))
-    # A robust spread: the interquartile range of a normal distribution is 1.349 sigma.
-    spread = float(np.subtract(*np.quantile(b, [0.75, 0.25]))) / 1.349 or float(np.std(b))
-    if shift <= 0 or spread <= 0:
-        return 0
-    z = stats.norm.isf(alpha / 2) + stats.norm.ppf(power)
-    return math.ceil(2 * (z * spread / shift) ** 2 / 0.864)
+def ab_verdict(rollout: Rollout, by_version: dict[int, list[samples.Sample]]) -> dict[str, Any]:
+    """Each variant against the reference: p50/p95 and error-rate differences with their
+    intervals, whether the sample could see the effect the team set (``analysis``'s
+    ``latency_tolerance_pct``), how many more requests it needs if not, and a summary."""
+    config = analysis_config(rollout)
+    reference = rollout.baseline.version
+    ref = by_version.get(reference, [])
+    rows = []
+    for item in rollout.variants[1:]:
+        number = item["version"]
+        found = by_version.get(number, [])
+        if len(found) < 2 or len(ref) < 2:
+            rows.append({"version": number, "samples": len(found), "reference_samples": len(ref),
+                         "enough": False, "difference": "unknown",
+                         "note": "too few requests to compare"})
+            continue
+        diff = judge.ab_difference(
+            f"v{number}", [s.latency_ms for s in found], sum(s.is_error for s in found),
+            f"v{reference}", [s.latency_ms for s in ref], sum(s.is_error for s in ref),
+            effect_pct=max(config["latency_tolerance_pct"], 0.1), alpha=config["alpha"],
+        )
+        data = dataclasses.asdict(diff)
+        p50, p95, err = diff.p50_diff_ms, diff.p95_diff_ms, diff.error_diff_pct
+        slower = p50.low > 0 or p95.low > 0
+        faster = p50.high < 0 or p95.high < 0
+        more_errors, fewer_errors = err.low > 0, err.high < 0
+        if (slower or more_errors) and not (faster or fewer_errors):
+            difference = "worse"
+        elif (faster or fewer_errors) and not (slower or more_errors):
+            difference = "better"
+        elif slower or faster or more_errors or fewer_errors:
+            difference = "mixed"
+        else:
+            difference = "none"
+        rows.append({"version": number, **_jsonable(data), "difference": difference})
+    better = [r for r in rows if r["difference"] == "better"]
+    if all(r["difference"] == "none" for r in rows):
+        summary = "no difference between the variants"
+        if not all(r.get("enough") for r in rows):
+            summary += " (the sample was too small to rule out the effect set)"
+    else:
+        summary = "; ".join(f"v{r['version']} {r['difference']} than v{reference}"
+                            if r["difference"] in ("worse", "better") else
+                            f"v{r['version']}: {r['difference']}" for r in rows)
+    winner = None
+    if better:
+        winner = min(better, key=lambda r: r["p50_diff_ms"]["estimate"])["version"]
+    return {"reference": reference, "variants": rows, "summary": summary, "winner": winner,
+            "samples": {str(n): len(v) for n, v in by_version.items()}}
 
 
-def ab_difference(
-    variant: str, variant_ms: Sequence[float], variant_errors: int,
-    reference: str, reference_ms: Sequence[float], reference_errors: int,
-    *, effect_pct: float = 5.0, alpha: float = 0.05, power: float = 0.8,
-    confidence: float = 0.95, seed: int = 0,
-) -> VariantDifference:
-    """The A/B verdict's numbers for ``variant`` against ``reference``: differences of p50,
-    p95 and error rate with intervals, and whether the sample was large enough to see an
-    ``effect_pct`` shift (and how many more requests a variant it needs if not)."""
-    a = np.asarray(variant_ms, dtype=float)
-    b = np.asarray(reference_ms, dtype=float)
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError("each variant needs at least 2 samples")
-    rng = np.random.default_rng(seed)
-    errors = compare_errors(variant_errors, len(a), reference_errors, len(b), confidence)
-    test = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
-    needed = samples_needed(b, effect_pct, alpha, power)
-    have = min(len(a), len(b))
-    return VariantDifference(
-        variant=variant, reference=reference, samples=len(a), reference_samples=len(b),
-        p50_diff_ms=bootstrap_quantile_difference(a, b, 0.50, confidence, rng),
-        p95_diff_ms=bootstrap_quantile_difference(a, b, 0.95, confidence, rng),
-        error_diff_pct=errors.difference_pct,
-        latency_p_value=float(test.pvalue),
-        enough=have >= needed,
-        more_needed=max(needed - have, 0),
-    )
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(dict(value.__dict__))
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value

@@ -12,6 +12,7 @@ import pytest
 
 from console.exceptions import Conflict, DomainError
 from fleet.models import AuditEvent, Membership
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
 from rollouts.deployments import lifecycle as deployments
 from rollouts.loads import requests as loads
@@ -230,11 +231,11 @@ def test_a_rollout_of_an_unapproved_version_in_flight_keeps_production_off(canar
 
 
 def test_promoting_an_unapproved_version_leaves_the_production_alias_and_says_so(canary, dave):
-    rollouts.advance(canary.rollout.pk, force=True)  # loading: both ready, so progressing
-    rollouts.advance(canary.rollout.pk, force=True)  # 10% to v2
+    rollout_reconciler.advance(canary.rollout.pk, force=True)  # loading: both ready, so progressing
+    rollout_reconciler.advance(canary.rollout.pk, force=True)  # 10% to v2
     rollouts.request_action(dave, Rollout.objects.get(pk=canary.rollout.pk), "promote")
     for _ in range(10):
-        rollouts.advance(canary.rollout.pk, force=True)
+        rollout_reconciler.advance(canary.rollout.pk, force=True)
         if Rollout.objects.get(pk=canary.rollout.pk).state in Rollout.FINAL:
             break
 

@@ -19,7 +19,10 @@ from rest_framework.test import APIClient
 
 from fleet.models import AuditEvent, Cluster, Membership
 from fleet.tenancy import tokens
+from rollouts.canary import analysis as canary_analysis
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollout
+from rollouts.canary import specs as rollout_specs
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, RolloutEvent, Route
 from tests.factories import (
     ClusterFactory,
@@ -128,10 +131,10 @@ def test_a_canary_request_answers_201_with_the_rollout_loading(
     assert (body["deployment"], body["deployment_name"], body["model"]) == (
         plain.deployment.pk, "scorer", "scorer")
     assert body["requested_by_label"] == "dave" and body["reason"] == "release 118"
-    assert [s["step"] for s in body["steps"]] == rollout.DEFAULT_STEPS
+    assert [s["step"] for s in body["steps"]] == rollout_specs.DEFAULT_STEPS
     assert [s["index"] for s in body["steps"]] == list(range(6))
     assert not any(s["current"] or s["done"] for s in body["steps"])
-    assert body["analysis"]["planned_samples"] == rollout.ANALYSIS_DEFAULTS["planned_samples"]
+    assert body["analysis"]["planned_samples"] == canary_analysis.ANALYSIS_DEFAULTS["planned_samples"]
     assert body["analysis"]["max_p99_ms"] == float(plain.deployment.slo_p99_ms)
     assert body["servers"] == [plain.a.name, plain.b.name]
     assert (body["is_active"], body["is_final"], body["route_url"]) == (True, False, None)
@@ -447,7 +450,7 @@ def test_abort_answers_202_and_the_next_tick_aborts(dave, plain, enqueued_rollou
         "loading", "abort", "dave")
     assert body["events"][-1]["message"] == "abort asked for by dave: wrong build"
     assert enqueued_rollouts[-1] == made.pk
-    rollout.advance(made.pk, force=True)
+    rollout_reconciler.advance(made.pk, force=True)
     after = api_as(dave).get(f"{URL}{made.pk}/").json()
     assert (after["state"], after["is_final"]) == ("aborted", True)
     assert after["reason"] == "aborted by dave (wrong build)"

@@ -8,7 +8,7 @@ from django.utils import timezone
 from console.exceptions import DomainError
 from fleet.models import Cluster, InferenceServer
 from rollouts.benchmarks import results
-from rollouts.canary import requests as rollout
+from rollouts.canary import specs as rollout_specs
 from rollouts.models import BenchmarkJob, ModelVersion
 from tests.factories import DeploymentFactory, ModelFactory
 
@@ -68,13 +68,13 @@ def test_missing_benchmarks_or_another_mode_leave_the_gate_undecided(versions):
 
 
 def test_the_step_is_checked_when_a_rollout_is_asked_for():
-    assert rollout.parse_steps([{"benchmark": {}}]) == [{"benchmark": {"max_drop_pct": 10.0}}]
-    assert rollout.parse_steps([{"benchmark": {"max_drop_pct": 5, "mode": "rate"}}])[0] == {
+    assert rollout_specs.parse_steps([{"benchmark": {}}]) == [{"benchmark": {"max_drop_pct": 10.0}}]
+    assert rollout_specs.parse_steps([{"benchmark": {"max_drop_pct": 5, "mode": "rate"}}])[0] == {
         "benchmark": {"max_drop_pct": 5.0, "mode": "rate"}}
     for bad in ({"max_drop_pct": -1}, {"max_drop_pct": 101}, {"max_drop_pct": "x"},
                 {"mode": "fast"}, {"other": 1}, []):
         with pytest.raises(DomainError) as caught:
-            rollout.parse_steps([{"benchmark": bad}])
+            rollout_specs.parse_steps([{"benchmark": bad}])
         assert caught.value.field == "steps[0]"
 
 

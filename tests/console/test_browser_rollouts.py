@@ -20,7 +20,7 @@ import pytest
 from django.urls import reverse
 from playwright.sync_api import expect
 
-from rollouts.canary import requests as rollout_domain
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, ModelLoad, Rollout, Route
@@ -98,7 +98,7 @@ def test_a_deployer_walks_a_canary_from_the_console_to_promotion(
             "data-status", "to come")
 
         # The reconciler: loads v2, puts 50% on it, stops at the pause for a person.
-        paused = rollout_domain.run_to_end(rollout.pk, max_ticks=400)
+        paused = rollout_reconciler.run_to_end(rollout.pk, max_ticks=400)
         assert paused.state == State.PAUSED, (paused.state, paused.reason)
         # The live part sees the new state and reloads the page (buttons included).
         expect(page.locator("#rollout-state")).to_have_text("Paused", timeout=20_000)
@@ -123,7 +123,7 @@ def test_a_deployer_walks_a_canary_from_the_console_to_promotion(
         expect(page.locator(".messages")).to_contain_text("Resume asked for")
         assert Rollout.objects.get(pk=rollout.pk).requested_action == "resume"
 
-        ended = rollout_domain.run_to_end(rollout.pk, max_ticks=400)
+        ended = rollout_reconciler.run_to_end(rollout.pk, max_ticks=400)
         assert ended.state == State.SUCCEEDED, (ended.state, ended.reason)
         expect(page.locator("#rollout-state")).to_have_text("Succeeded", timeout=20_000)
         expect(page.locator('#rollout-weights [data-weight="2"]')).to_have_text("100%")

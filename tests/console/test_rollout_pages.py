@@ -14,7 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from fleet.models import Cluster
-from rollouts.canary import requests as rollout_domain
+from rollouts.canary import analysis as canary_analysis
+from rollouts.canary import specs as rollout_specs
 from rollouts.models import (
     ModelLoad,
     Rollout,
@@ -117,7 +118,7 @@ def test_the_page_shows_steps_weights_analysis_timeline_and_approvals(setup, dav
     RolloutAnalysis.objects.create(
         rollout=rollout, step_index=1, weight=25, verdict="pass", window_start=0, looks=3,
         spent=0.02, reasons=["at most 2.1% slower and 0.40 points more errors"],
-        config={**rollout_domain.ANALYSIS_DEFAULTS, "max_p99_ms": 50.0, "max_error_rate": 1.0},
+        config={**canary_analysis.ANALYSIS_DEFAULTS, "max_p99_ms": 50.0, "max_error_rate": 1.0},
         judgement={
             "verdict": "pass", "reasons": [], "canary_samples": 1200, "baseline_samples": 3600,
             "information": 1.0, "level": 0.0123, "spent": 0.02,
@@ -325,7 +326,7 @@ def test_the_deployment_page_offers_the_start_forms_to_deployers_only(setup, dav
     page = reverse("rollouts:deployment", args=[setup["deployment"].pk])
     body = browser(dave).get(page).content.decode()
     assert 'id="canary-form"' in body and 'id="ab-form"' in body
-    assert json.dumps(rollout_domain.DEFAULT_STEPS).replace('"', "&quot;") in body
+    assert json.dumps(rollout_specs.DEFAULT_STEPS).replace('"', "&quot;") in body
     viewer = browser(bob).get(page).content.decode()
     assert 'id="canary-form"' not in viewer and 'id="no-rollout"' in viewer
 

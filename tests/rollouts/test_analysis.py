@@ -1,4 +1,4 @@
-"""The canary judge and the A/B numbers (rollouts/canary/analysis.py) on simulated request samples.
+"""The canary judge and the A/B numbers (rollouts/canary/judge.py) on simulated request samples.
 
 Latencies are log-normal around 5 ms (sigma 0.3, like a Triton model's), errors Bernoulli; each
 test draws from its own seeded generator, so every run sees the same samples.
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from rollouts.canary.analysis import (
+from rollouts.canary.judge import (
     FAIL,
     INCONCLUSIVE,
     PASS,

@@ -15,7 +15,7 @@ from django.utils import timezone
 from console.exceptions import Conflict
 from rollouts import leases
 from rollouts.benchmarks import jobs
-from rollouts.canary import requests as rollouts
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout, ServerWorkload
 from rollouts.workloads import reconciler as workload_reconciler
@@ -156,7 +156,7 @@ def test_the_heartbeat_gives_up_after_its_maximum_and_when_taken_over():
 
 ADVANCE: dict[str, tuple[Any, Callable[[int], Any]]] = {
     "load": (load_reconciler, load_reconciler.advance),
-    "rollout": (rollouts, lambda pk: rollouts.advance(pk, force=True)),
+    "rollout": (rollout_reconciler, lambda pk: rollout_reconciler.advance(pk, force=True)),
     "benchmark": (jobs, jobs.advance),
     "workload": (workload_reconciler, workload_reconciler.advance),
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
 from rollouts.models import Rollout
 from tests.rollouts.test_routes import Plain, ready
@@ -26,22 +27,22 @@ def canary(db, use_route_nginx, tenant_a, dave, settings):
 
 
 def test_a_step_that_lets_the_next_follow_leaves_the_rollout_due_at_once(canary):
-    state, again = rollouts.advance(canary.pk, force=True)  # loading: everything is ready
+    state, again = rollout_reconciler.advance(canary.pk, force=True)  # loading: everything is ready
     assert (state, again) == (State.PROGRESSING, True)
     assert Rollout.objects.get(pk=canary.pk).next_tick_at <= timezone.now()
 
     # The chained task (no force) runs the next step now, not a tick later.
-    state, again = rollouts.advance(canary.pk)
+    state, again = rollout_reconciler.advance(canary.pk)
     moved = Rollout.objects.get(pk=canary.pk)
     assert state == State.PROGRESSING and moved.weights == {"1": 90, "2": 10}
     assert moved.step_index == 1
 
 
 def test_a_step_that_waits_is_not_due_before_the_next_tick(canary):
-    rollouts.advance(canary.pk, force=True)
-    rollouts.advance(canary.pk)  # 10% to v2
-    state, again = rollouts.advance(canary.pk)  # the pause step: paused for a person
+    rollout_reconciler.advance(canary.pk, force=True)
+    rollout_reconciler.advance(canary.pk)  # 10% to v2
+    state, again = rollout_reconciler.advance(canary.pk)  # the pause step: paused for a person
     assert (state, again) == (State.PAUSED, False)
 
-    assert rollouts.advance(canary.pk) == (None, False)  # not due: nothing done
-    assert canary.pk not in rollouts.due_rollouts()
+    assert rollout_reconciler.advance(canary.pk) == (None, False)  # not due: nothing done
+    assert canary.pk not in rollout_reconciler.due_rollouts()

@@ -24,6 +24,8 @@ from django.core.exceptions import PermissionDenied
 from fleet.models import InferenceServer, Membership
 from local.triton import TritonProcess, start_triton
 from rollouts import leases
+from rollouts.canary import analysis as canary_analysis
+from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
@@ -175,7 +177,7 @@ def test_a_canary_30_percent_slower_by_its_config_is_rolled_back_with_the_eviden
     assert created and made.state == State.LOADING and made.baseline == world.v1
 
     with Traffic(world.route_url, world.model.name):
-        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=400)
 
     assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
     assert "analysis failed" in ended.reason and "slower" in ended.reason
@@ -202,7 +204,7 @@ def test_an_identical_canary_passes_is_promoted_and_the_alias_moves(stack):
         steps=[{"set_weight": 50}, {"analysis": {}}], analysis_settings=quick(),
     )
     with Traffic(world.route_url, world.model.name):
-        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=400)
 
     assert ended.state == State.SUCCEEDED, (ended.state, ended.reason, ended.waiting_for)
     assert Route.objects.get(pk=world.deployment.pk).version_weights.get(2) == 100
@@ -225,12 +227,12 @@ def test_a_canary_whose_server_stops_answering_is_rolled_back_within_seconds(sta
         steps=[{"set_weight": 50}, {"pause": {}}], analysis_settings=quick(),
     )
     with Traffic(world.route_url, world.model.name):
-        paused = rollouts.run_to_end(made.pk, max_ticks=200)
+        paused = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
         assert paused.state == State.PAUSED, (paused.state, paused.reason)
         InferenceServer.objects.filter(pk=world.server.pk).update(
             health=InferenceServer.Health.UNREACHABLE, health_detail="connection refused")
         started = time.monotonic()
-        rollouts.advance(made.pk, force=True)
+        rollout_reconciler.advance(made.pk, force=True)
         took = time.monotonic() - started
     InferenceServer.objects.filter(pk=world.server.pk).update(health=InferenceServer.Health.HEALTHY)
     ended = Rollout.objects.get(pk=made.pk)
@@ -281,7 +283,7 @@ def wait_until(rollout_id: int, until, *, limit_s: float = 60) -> Rollout:
     """run_to_end with a time limit: ticks (loads included) until ``until`` says so."""
     deadline = time.monotonic() + limit_s
     while True:
-        found = rollouts.run_to_end(rollout_id, max_ticks=40, tick_s=0.1, until=until)
+        found = rollout_reconciler.run_to_end(rollout_id, max_ticks=40, tick_s=0.1, until=until)
         if until(found) or found.state in Rollout.FINAL or time.monotonic() > deadline:
             return found
 
@@ -298,7 +300,7 @@ def run_ab(world, version: int, *, sample_size: int = 150, clients: int = 4, **e
         sample_size=sample_size, promote=False, **extra,
     )
     with Traffic(world.route_url, world.model.name, clients=clients, limit_s=90):
-        ended = rollouts.run_to_end(made.pk, max_ticks=400)
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=400)
     assert ended.state == State.SUCCEEDED, (ended.state, ended.reason, ended.waiting_for)
     return ended
 
@@ -366,7 +368,7 @@ def test_a_sticky_ab_split_keeps_each_key_on_one_variant(stack):
     assert all(len(seen) == 1 for seen in by_key.values()), by_key
     reached = {name for seen in by_key.values() for name in seen}
     assert reached == {"v1-triton", "v2-triton"}, by_key  # 16 keys, 50/50: both (1 in 32768)
-    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert weights_now(world) == {1: 100, 2: 0}
 
@@ -412,7 +414,7 @@ def test_a_canary_whose_own_triton_is_killed_is_rolled_back_within_ticks(stack, 
             # in a crash of its host.
             os.killpg(proc.pid, signal.SIGKILL)
             killed_at = time.time()
-            ended = rollouts.run_to_end(made.pk, max_ticks=120, tick_s=interval)
+            ended = rollout_reconciler.run_to_end(made.pk, max_ticks=120, tick_s=interval)
             took = ended.finished_at.timestamp() - killed_at
 
             # After the rollback: only the baseline answers, and every answer is a 200.
@@ -425,8 +427,8 @@ def test_a_canary_whose_own_triton_is_killed_is_rolled_back_within_ticks(stack, 
         assert "v2's server did not answer" in ended.reason, ended.reason
         rollback = ended.events.get(kind="rollback")
         health = rollback.data["health"]
-        assert health["upstream_failures"] >= rollouts.UPSTREAM_MIN, health
-        assert health["upstream_failures"] >= rollouts.UPSTREAM_SHARE * health["requests"], health
+        assert health["upstream_failures"] >= canary_analysis.UPSTREAM_MIN, health
+        assert health["upstream_failures"] >= canary_analysis.UPSTREAM_SHARE * health["requests"], health
         assert 502 in health["statuses"], health
         assert weights_now(world) == {1: 100, 2: 0}
         # The bound: the failures are seen by the first tick after UPSTREAM_MIN of them have
@@ -462,12 +464,12 @@ def test_pause_holds_the_weights_resume_goes_on_and_promote_now_skips_the_rest(s
     assert canary.state == State.PROGRESSING and weights_now(world) == {1: 80, 2: 20}
 
     rollouts.request_action(world.user, canary, "pause", reason="reading the dashboards")
-    paused = rollouts.run_to_end(made.pk, max_ticks=20)
+    paused = rollout_reconciler.run_to_end(made.pk, max_ticks=20)
     assert paused.state == State.PAUSED, paused.reason
     assert "paused by" in paused.waiting_for
     revisions = RouteRevision.objects.filter(route_id=world.deployment.pk).count()
     for _ in range(3):  # ticks of a paused rollout watch it and change nothing
-        rollouts.advance(made.pk, force=True)
+        rollout_reconciler.advance(made.pk, force=True)
         time.sleep(0.1)
     still = Rollout.objects.get(pk=made.pk)
     assert (still.state, still.step_index, still.weights) == (State.PAUSED, 1, {"1": 80, "2": 20})
@@ -481,7 +483,7 @@ def test_pause_holds_the_weights_resume_goes_on_and_promote_now_skips_the_rest(s
     assert weights_now(world) == {1: 80, 2: 20}
 
     rollouts.request_action(world.user, resumed, "promote", reason="enough seen")
-    ended = rollouts.run_to_end(made.pk, max_ticks=40)
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=40)
     assert ended.state == State.SUCCEEDED, (ended.state, ended.reason)
     assert weights_now(world).get(2) == 100 and weights_now(world).get(1, 0) == 0
     assert Alias.objects.get(model=world.model, name="production").version.version == 2
@@ -498,11 +500,11 @@ def test_abort_goes_back_to_the_baseline_and_a_retry_starts_again_from_step_0(st
         world.user, world.deployment, version=2,
         steps=[{"set_weight": 30}, {"pause": {}}], analysis_settings=quick(),
     )
-    paused = rollouts.run_to_end(made.pk, max_ticks=100)
+    paused = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert paused.state == State.PAUSED and weights_now(world) == {1: 70, 2: 30}
 
     rollouts.request_action(world.user, paused, "abort", reason="wrong day")
-    aborted = rollouts.run_to_end(made.pk, max_ticks=20)
+    aborted = rollout_reconciler.run_to_end(made.pk, max_ticks=20)
     assert aborted.state == State.ABORTED, aborted.reason
     assert aborted.reason.startswith("aborted by") and "wrong day" in aborted.reason
     assert aborted.weights == {"1": 100}
@@ -516,14 +518,14 @@ def test_abort_goes_back_to_the_baseline_and_a_retry_starts_again_from_step_0(st
     again = rollouts.retry(world.user, aborted, reason="right day")
     assert (again.state, again.attempt, again.step_index, again.weights) == (
         State.LOADING, 2, 0, {})
-    repeated = rollouts.run_to_end(made.pk, max_ticks=200)
+    repeated = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
     assert repeated.state == State.PAUSED and repeated.step_index == 1, (
         repeated.reason, repeated.waiting_for)
     assert weights_now(world) == {1: 70, 2: 30}
     assert revisions_of(world, {1: 70, 2: 30}) == 2  # step 0 once per attempt
     assert sum("30% of the traffic" in m for m in messages(repeated, "step")) == 2
     rollouts.request_action(world.user, repeated, "abort")
-    assert rollouts.run_to_end(made.pk, max_ticks=20).state == State.ABORTED
+    assert rollout_reconciler.run_to_end(made.pk, max_ticks=20).state == State.ABORTED
 
 
 def test_an_approval_step_waits_for_an_approver_who_is_not_the_requester(stack):
@@ -540,11 +542,11 @@ def test_an_approval_step_waits_for_an_approver_who_is_not_the_requester(stack):
         steps=[{"set_weight": 20}, {"approval": {}}, {"set_weight": 60}],
         analysis_settings=quick(), unload_previous=False,
     )
-    waiting = rollouts.run_to_end(made.pk, max_ticks=100)
+    waiting = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert waiting.state == State.PENDING_APPROVAL and waiting.step_index == 1, waiting.reason
     assert waiting.waiting_for.startswith("an approver who is not the requester")
     for _ in range(2):  # ticks leave it waiting, at its weights
-        rollouts.advance(made.pk, force=True)
+        rollout_reconciler.advance(made.pk, force=True)
     assert Rollout.objects.get(pk=made.pk).state == State.PENDING_APPROVAL
     assert weights_now(world) == {1: 80, 2: 20}
 
@@ -556,7 +558,7 @@ def test_an_approval_step_waits_for_an_approver_who_is_not_the_requester(stack):
 
     approved = rollouts.approve(other, waiting, reason="dashboards fine")
     assert approved.state == State.PROGRESSING and approved.step_index == 2
-    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert revisions_of(world, {1: 40, 2: 60}) == 1
     assert weights_now(world).get(2) == 100
@@ -585,7 +587,7 @@ def test_a_candidate_whose_load_fails_is_rolled_back_with_its_error_and_a_retry_
         steps=[{"set_weight": 50}, {"pause": {"seconds": 1}}], analysis_settings=quick(),
         unload_previous=False,
     )
-    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
 
     assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
     load = ModelLoad.objects.get(version=v2)
@@ -600,7 +602,7 @@ def test_a_candidate_whose_load_fails_is_rolled_back_with_its_error_and_a_retry_
     world.store.put(v2.artifact_uri, good)
     again = rollouts.retry(world.user, ended, reason="artifact uploaded again")
     assert (again.attempt, again.state, again.step_index) == (2, State.LOADING, 0)
-    finished = rollouts.run_to_end(made.pk, max_ticks=200)
+    finished = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
     assert finished.state == State.SUCCEEDED, (finished.state, finished.reason)
     assert finished.attempt == 2
     assert revisions_of(world, {1: 50, 2: 50}) == 1
@@ -615,7 +617,7 @@ def test_with_failure_limit_1_a_first_failed_look_judges_again_and_the_second_ro
         steps=[{"set_weight": 50}, {"analysis": {}}], analysis_settings=quick(failure_limit=1),
     )
     with Traffic(world.route_url, world.model.name, clients=4, limit_s=120):
-        ended = rollouts.run_to_end(made.pk, max_ticks=600)
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=600)
 
     assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
     assert ended.reason.startswith("analysis failed at 50% to v3"), ended.reason
@@ -668,11 +670,11 @@ def test_a_worker_that_died_holding_the_lease_is_taken_over_and_no_step_runs_twi
     ready = wait_until(made.pk, lambda r: r.state == State.PROGRESSING)
     assert ready.step_index == 0 and not ready.weights
 
-    dead = rollouts._claim(made.pk, force=True)
-    rollouts._route(dead, {1: 80, 2: 20}, "step 1: 20% to v2")  # ...and the worker dies here
-    assert rollouts.advance(made.pk, force=True) == (None, False)  # its lease still holds
+    dead = rollout_reconciler._claim(made.pk, force=True)
+    rollout_reconciler._route(dead, {1: 80, 2: 20}, "step 1: 20% to v2")  # ...and the worker dies here
+    assert rollout_reconciler.advance(made.pk, force=True) == (None, False)  # its lease still holds
     time.sleep(1.2)
-    state, again = rollouts.advance(made.pk, force=True)
+    state, again = rollout_reconciler.advance(made.pk, force=True)
 
     assert (state, again) == (State.PROGRESSING, True)
     took = Rollout.objects.get(pk=made.pk)
@@ -680,8 +682,8 @@ def test_a_worker_that_died_holding_the_lease_is_taken_over_and_no_step_runs_twi
     assert any(m.startswith("took over from a worker whose lease ran out "
                             f"({dead.lease_owner[:8]})") for m in messages(took, "error"))
     with pytest.raises(leases.LostLease):
-        rollouts._update(dead, step_index=7)  # the dead worker's late write changes nothing
-    ended = rollouts.run_to_end(made.pk, max_ticks=100)
+        rollout_reconciler._update(dead, step_index=7)  # the dead worker's late write changes nothing
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert_each_step_once(world, ended)
 
@@ -792,7 +794,7 @@ def test_the_benchmark_gate_rolls_back_a_canary_that_carries_less_load_before_an
         world.user, world.deployment, version=3,
         steps=[{"benchmark": {"max_drop_pct": 10}}, {"set_weight": 50}],
     )
-    ended = rollouts.run_to_end(made.pk, max_ticks=200)
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
 
     assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
     assert "benchmark gate failed" in ended.reason and "below v1" in ended.reason
@@ -810,9 +812,9 @@ def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):
     made, _ = rollouts.create_rollout(
         world.user, world.deployment, version=2, steps=[{"benchmark": {}}, {"set_weight": 100}],
     )
-    paused = rollouts.run_to_end(made.pk, max_ticks=200)
+    paused = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
     assert paused.state == State.PAUSED, (paused.state, paused.reason)
     assert "benchmark gate" in paused.waiting_for
     assert "no benchmark of v2 and v1" in paused.events.filter(kind="state").last().message
     rollouts.request_action(world.user, paused, "abort")
-    assert rollouts.run_to_end(made.pk, max_ticks=200).state == State.ABORTED
+    assert rollout_reconciler.run_to_end(made.pk, max_ticks=200).state == State.ABORTED

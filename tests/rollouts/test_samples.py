@@ -542,7 +542,7 @@ def test_the_judge_fails_the_slower_version_on_real_route_samples_of_one_window(
     """Real requests split 50/50 between fraud-scorer v1 (~4 ms) and v2 (~12 ms) through the
     real nginx; the collector's samples of one window feed the canary judge: v2 as a canary
     against v1 fails on latency with the shift measured, and v1 against v2 does not fail."""
-    from rollouts.canary.analysis import FAIL, JudgeConfig, judge_samples
+    from rollouts.canary.judge import FAIL, JudgeConfig, judge_samples
 
     dep = new_deployment_id()
     url = router.apply(route(dep, local_triton, 50, 50)).url
