@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from console.celery import send_now
 from fleet.audit import export as audit_export
 from fleet.inventory import health, kube_sync
 from fleet.quota import requests as quota_requests
@@ -58,8 +59,6 @@ def sync_kube_clusters() -> int:
     Each cluster syncs in its own task, so a slow or failing cluster never delays or stops
     the others; a broker that cannot take one is logged and the next tick tries again.
     """
-    from console.celery import send_now
-
     ids = kube_sync.clusters_to_sync()
     for cluster_id in ids:
         send_now(sync_kube_cluster, cluster_id)

@@ -40,7 +40,7 @@ def test_the_tick_runs_one_sync_per_cluster_and_a_failing_one_stops_none(monkeyp
         task(*args)
         return True
 
-    monkeypatch.setattr("console.celery.send_now", run_now)
+    monkeypatch.setattr("fleet.tasks.send_now", run_now)
     # The first cluster's API refuses the token; the second answers.
     with RecordedApiServer(exchanges("06-auth-errors", 0)) as refusing, \
             RecordedApiServer(exchanges("02-nodes", 4) + exchanges(*DISCOVERY)) as answering, \
