@@ -165,11 +165,15 @@ class AliasNameField(serializers.CharField):
     """An alias's name, or empty for none (``specs.alias_name`` checks it)."""
 
 
+@extend_schema_field({"type": "integer", "minimum": specs.MIN_WEIGHT, "maximum": specs.MAX_WEIGHT})
+class WeightField(serializers.IntegerField):
+    """A variant's share of the traffic (``specs.ab_variants`` checks it)."""
+
+
 class VariantSerializer(StrictFieldsMixin, serializers.Serializer):
     version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION,
                                        help_text="Version number")
-    weight = serializers.IntegerField(min_value=1, max_value=99,
-                                      help_text="Share of the traffic, in percent")
+    weight = WeightField(help_text="Share of the traffic, in percent")
 
 
 # --------------------------------------------------------------------------------------------
