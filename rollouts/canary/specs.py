@@ -2,7 +2,7 @@
 split's variants and how it ends (``duration_s``, ``sample_size``), the sticky header, the alias
 promotion moves, and the actions a person may ask for from each state. Each check raises a
 DomainError naming the field (``steps[2]``, ``variants[0].weight``); the API's serializer and the
-console's form only shape the input and show these messages. The analysis settings are checked
+console's form shape the input (types, required fields) and show these messages. The analysis settings are checked
 next to the decision they tune (``rollouts.canary.analysis.parse_analysis``).
 
 A canary's steps::
