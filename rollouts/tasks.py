@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from rollouts.benchmarks import jobs as benchmark_jobs
+from rollouts.benchmarks import reconciler as benchmark_reconciler
+from rollouts.benchmarks import runs as benchmark_runs
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import drift
 from rollouts.loads import reconciler as load_reconciler
@@ -76,7 +77,7 @@ def reconcile_rollouts() -> int:
 def advance_benchmark(self: Task, job_id: int) -> None:
     """One step of a benchmark job (it never waits for the load generator, which runs in a
     process of its own); a step that lets the next follow sends it at once."""
-    _state, again = benchmark_jobs.advance(job_id)
+    _state, again = benchmark_reconciler.advance(job_id)
     if again:
         queue = (self.request.delivery_info or {}).get("routing_key")
         advance_benchmark.apply_async((job_id,), queue=queue)
@@ -85,7 +86,7 @@ def advance_benchmark(self: Task, job_id: int) -> None:
 @shared_task(ignore_result=True)
 def reconcile_benchmarks() -> int:
     """Beat tick: follow every active benchmark job that no worker holds."""
-    due = benchmark_jobs.due_jobs()
+    due = benchmark_reconciler.due_jobs()
     for job_id in due:
         advance_benchmark.delay(job_id)
     return len(due)
@@ -94,7 +95,7 @@ def reconcile_benchmarks() -> int:
 @shared_task(ignore_result=True)
 def prune_benchmark_files() -> int:
     """Hourly: drop benchmark runner logs older than a week."""
-    return benchmark_jobs.prune_runner_files()
+    return benchmark_runs.prune_runner_files()
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from console.exceptions import Conflict
 from rollouts import leases
-from rollouts.benchmarks import jobs
+from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout, ServerWorkload
@@ -157,7 +157,7 @@ def test_the_heartbeat_gives_up_after_its_maximum_and_when_taken_over():
 ADVANCE: dict[str, tuple[Any, Callable[[int], Any]]] = {
     "load": (load_reconciler, load_reconciler.advance),
     "rollout": (rollout_reconciler, lambda pk: rollout_reconciler.advance(pk, force=True)),
-    "benchmark": (jobs, jobs.advance),
+    "benchmark": (benchmark_reconciler, benchmark_reconciler.advance),
     "workload": (workload_reconciler, workload_reconciler.advance),
 }
 

@@ -772,13 +772,14 @@ def test_a_celery_worker_killed_mid_step_leaves_a_rollout_another_worker_finishe
 
 
 def _benchmark(world, version: int) -> None:
-    from rollouts.benchmarks import jobs as benchmark_jobs
+    from rollouts.benchmarks import reconciler as benchmark_reconciler
+    from rollouts.benchmarks import requests as benchmark_requests
 
-    job, _ = benchmark_jobs.create_job(
+    job, _ = benchmark_requests.create_job(
         world.user, world.deployment, version=version, levels=[1, 2, 4], duration_s=1.5,
         warmup_s=0.3, refine_steps=0, slo={"p99_ms": 60},
     )
-    done = benchmark_jobs.run_to_end(job.pk)
+    done = benchmark_reconciler.run_to_end(job.pk)
     assert done.state == "succeeded", (done.state, done.error)
 
 
