@@ -38,9 +38,9 @@ The backend, in this order:
   route has a single variant.
 
 A route known by its name whose line names no cluster (the gateway answered it itself before
-choosing a backend) is :class:`~rollouts.traffic.samples.Unrouted`, as nginx's are. A line for a route
+choosing a backend) is :class:`~rollouts.traffic.sample_types.Unrouted`, as nginx's are. A line for a route
 that is not in force on a Kubernetes gateway, or whose backend is none of the route's
-variants, raises :class:`~rollouts.traffic.samples.Unmapped` (counted ``unmapped``, dropped); a host
+variants, raises :class:`~rollouts.traffic.sample_types.Unmapped` (counted ``unmapped``, dropped); a host
 that is no route's is a foreign route. Envoy does not log mirrored copies in the access log,
 so gateway samples have no ``mirror`` ones.
 """
@@ -65,7 +65,14 @@ from fleet.adapters.routers.base import RouteSpecError
 from fleet.adapters.routers.kube_common import ServiceRef, service_of
 from fleet.models import Cluster
 from rollouts.models import Route
-from rollouts.traffic.samples import MAX_PATH, ROUTE_NAME, Sample, SampleError, Unmapped, Unrouted
+from rollouts.traffic.sample_types import (
+    MAX_PATH,
+    ROUTE_NAME,
+    Sample,
+    SampleError,
+    Unmapped,
+    Unrouted,
+)
 
 log = logging.getLogger(__name__)
 

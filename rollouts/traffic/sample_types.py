@@ -1,0 +1,91 @@
+"""What one sample is: the record one request through a route leaves (nginx's line or an Envoy
+gateway's, parsed), and the errors of a line that cannot be one. Apart from
+:mod:`rollouts.traffic.samples` (parsing, storage, summaries), so that the Envoy line mapper
+(:mod:`rollouts.traffic.envoy_samples`) and the parser both use them without importing each
+other."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+ROUTE_NAME = re.compile(r"^dep-([1-9][0-9]{0,17})$")
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as fleet.adapters.routers.base
+MAX_PATH = 512
+
+
+class SampleError(ValueError):
+    """A line that is not a valid sample; the message says what is wrong with it."""
+
+
+class Unmapped(SampleError):
+    """A gateway's line whose route is not in force on a Kubernetes gateway, or whose backend
+    is none of the route's variants (counted ``unmapped``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request through a route (or one mirrored copy of it).
+
+    ``t``: when nginx finished it (epoch seconds, millisecond precision). ``latency_ms``:
+    nginx's ``request_time``, what the client waited, from its first byte read to the last
+    byte sent. ``upstream_ms``: the server's part (``upstream_response_time``, None when no
+    server was reached). ``status``: what the client got; ``upstream_status``: what the
+    server answered ("" when none did).
+    """
+
+    t: float
+    deployment_id: int
+    variant: str
+    mirror: bool
+    status: int
+    latency_ms: float
+    upstream_ms: float | None
+    bytes: int
+    upstream_status: str
+    upstream_addr: str
+    method: str
+    path: str
+    request_id: str
+
+    @property
+    def upstream_failed(self) -> bool:
+        """The server answered 5xx, or no server answered at all."""
+        codes = status_codes(self.upstream_status)
+        return not codes or any(code >= 500 for code in codes)
+
+    @property
+    def is_error(self) -> bool:
+        """A 4xx or 5xx for the client, or a failed upstream."""
+        return self.status >= 400 or self.upstream_failed
+
+    def to_member(self) -> str:
+        """The sample as stored (deployment, variant and mirror are in the key)."""
+        return json.dumps(
+            [
+                round(self.t, 3), self.status, self.latency_ms, self.upstream_ms, self.bytes,
+                self.upstream_status, self.upstream_addr, self.method, self.path,
+                self.request_id,
+            ],
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_member(cls, raw: bytes | str, deployment_id: int, variant: str, mirror: bool) -> Sample:
+        t, status, latency, upstream, size, up_status, up_addr, method, path, rid = json.loads(raw)
+        return cls(t, deployment_id, variant, mirror, status, latency, upstream, size, up_status,
+                   up_addr, method, path, rid)
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted:
+    """A request of a route that no variant served (nginx answered it: a path the route does
+    not serve); counted, not kept."""
+
+    deployment_id: int
+
+
+def status_codes(text: str) -> list[int]:
+    """``"502, 200"`` or ``"200 : 200"`` (retries, internal redirects) -> [502, 200]."""
+    return [int(part) for part in re.split(r"[,:\s]+", text) if part.isdigit()]
