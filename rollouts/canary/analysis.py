@@ -20,7 +20,7 @@ from console.exceptions import DomainError
 from fleet.models import InferenceServer
 from rollouts.canary import judge
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
-from rollouts.traffic import samples
+from rollouts.traffic import sample_types, samples
 
 log = logging.getLogger(__name__)
 Verdict = RolloutAnalysis.Verdict
@@ -118,12 +118,12 @@ def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -
 # --------------------------------------------------------------------------------------------
 
 
-def samples_by_version(rollout: Rollout, seconds: float) -> tuple[dict[int, list[samples.Sample]], float]:
+def samples_by_version(rollout: Rollout, seconds: float) -> tuple[dict[int, list[sample_types.Sample]], float]:
     """The route's samples of the last ``seconds``, by version; and the time they were read."""
     now = time.time()
     route = Route.objects.filter(pk=rollout.deployment_id).first()
     meaning = route.variants if route is not None else {}
-    by_version: dict[int, list[samples.Sample]] = {}
+    by_version: dict[int, list[sample_types.Sample]] = {}
     for variant, found in samples.window(rollout.deployment_id, seconds, now=now).items():
         number = (meaning.get(variant) or {}).get("version")
         if number is not None:
@@ -171,7 +171,7 @@ def health_problem(rollout: Rollout, watched: list[ModelVersion]) -> tuple[str, 
 # --------------------------------------------------------------------------------------------
 
 
-def slo_gates(found: list[samples.Sample], config: dict[str, Any]) -> dict[str, Any]:
+def slo_gates(found: list[sample_types.Sample], config: dict[str, Any]) -> dict[str, Any]:
     """The candidate's p50/p95/p99 and error rate against their ceilings (those set)."""
     summary = samples.summarize(found, 1.0)
     gates = []
@@ -200,8 +200,8 @@ def analysis_row(rollout: Rollout, config: dict[str, Any]) -> RolloutAnalysis:
     return row
 
 
-def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[samples.Sample],
-         baseline: list[samples.Sample], now: float) -> str:
+def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types.Sample],
+         baseline: list[sample_types.Sample], now: float) -> str:
     """One look of a running analysis at the requests of the candidate and the baseline
     since its window began (read at ``now``), recorded on ``row``. Returns the step's end:
     ``pass``, ``fail`` or ``inconclusive`` (the planned sample reached without a verdict, or
@@ -274,7 +274,7 @@ def ab_done(rollout: Rollout, counts: dict[int, int], elapsed: float) -> bool:
     return done_by_time or done_by_size
 
 
-def ab_verdict(rollout: Rollout, by_version: dict[int, list[samples.Sample]]) -> dict[str, Any]:
+def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]]) -> dict[str, Any]:
     """Each variant against the reference: p50/p95 and error-rate differences with their
     intervals, whether the sample could see the effect the team set (``analysis``'s
     ``latency_tolerance_pct``), how many more requests it needs if not, and a summary."""

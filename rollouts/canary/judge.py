@@ -288,7 +288,7 @@ def judge(
 
 def judge_samples(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeConfig, *,
                   spent_before: float = 0.0) -> Judgement:
-    """:func:`judge` over per-request samples (``rollouts.traffic.samples.Sample``: ``latency_ms``
+    """:func:`judge` over per-request samples (``rollouts.traffic.sample_types.Sample``: ``latency_ms``
     and ``is_error``) of the canary and the baseline, taken over the same window."""
     return judge(
         [s.latency_ms for s in canary], sum(1 for s in canary if s.is_error),

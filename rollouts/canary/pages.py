@@ -22,7 +22,7 @@ from rollouts.canary.analysis import ab_verdict
 from rollouts.canary.forms import RolloutStartForm
 from rollouts.canary.specs import ACTION_FROM
 from rollouts.models import Deployment, Rollout, RolloutAnalysis, Route
-from rollouts.traffic import latency, samples
+from rollouts.traffic import latency, sample_types, samples
 
 State = Rollout.State
 CHART_WINDOW_S = 300  # the chart's window: 5 minutes at one point a second
@@ -147,7 +147,7 @@ def interim_ab_verdict(rollout: Rollout) -> dict[str, Any] | None:
         found = samples.window(rollout.deployment_id, seconds)
     except redis.RedisError:
         return None
-    by_version: dict[int, list[samples.Sample]] = defaultdict(list)
+    by_version: dict[int, list[sample_types.Sample]] = defaultdict(list)
     for variant, rows in found.items():
         if variant in of_variant:
             by_version[of_variant[variant]].extend(rows)

@@ -43,7 +43,7 @@ from django.db.models import Prefetch
 
 from rollouts.benchmarks.results import latest_result
 from rollouts.models import BenchmarkJob, Deployment, ModelVersion, Route, ServerWorkload
-from rollouts.traffic import latency, routes, samples
+from rollouts.traffic import latency, routes, sample_types, samples
 
 WINDOW_S = 60
 DEFAULT_TARGET_UTILIZATION = 0.7
@@ -106,7 +106,7 @@ class Signal:
         return bool(self.source)
 
 
-def _covered(found: list[samples.Sample], seconds: float, now: float) -> float:
+def _covered(found: list[sample_types.Sample], seconds: float, now: float) -> float:
     """The seconds a variant's samples stand for: the window, unless the per-variant cap of
     the sample store cut its start (then from the oldest sample kept)."""
     if found and len(found) >= samples.max_per_variant():

@@ -36,7 +36,7 @@ from fleet.adapters.routers.gateway_api import GatewayApiRouter
 from fleet.adapters.routers.istio import IstioRouter
 from fleet.models import Cluster, InferenceServer
 from rollouts.models import Route
-from rollouts.traffic import envoy_samples, latency, samples
+from rollouts.traffic import envoy_samples, latency, sample_types, samples
 from rollouts.traffic.collector import Collector
 from rollouts.traffic.envoy_samples import ENVOY_GATEWAY_FORMAT, ISTIO_FORMAT, RouteResolver
 from tests.factories import ClusterFactory, DeploymentFactory, InferenceServerFactory, ModelFactory
@@ -594,7 +594,7 @@ def test_the_route_in_force_is_read_once_per_period_not_per_line():
         variants = {resolver.sample(line("triton-b")).variant for _ in range(200)}
         missing = f"dep-{deployment.pk + 1}.{DOMAIN}"
         for _ in range(100):
-            with pytest.raises(samples.Unmapped, match="does not exist"):
+            with pytest.raises(sample_types.Unmapped, match="does not exist"):
                 resolver.sample(render(ISTIO_FORMAT, values(
                     start=start, duration=5, authority=missing, cluster="outbound|8000||x")))
     assert variants == {"v2-triton-b"}
@@ -605,11 +605,11 @@ def test_the_route_in_force_is_read_once_per_period_not_per_line():
         Variant("v2-triton-c", c.http_url, 20, model="fraud-scorer", version=2),
     )).to_json()
     route.save()
-    with pytest.raises(samples.Unmapped):  # the period is not over: the old route still maps
+    with pytest.raises(sample_types.Unmapped):  # the period is not over: the old route still maps
         resolver.sample(line("triton-c"))
     clock[0] += 5.1
     assert resolver.sample(line("triton-c")).variant == "v2-triton-c"
-    with pytest.raises(samples.Unmapped, match="triton-b:8000 is none of its variants"):
+    with pytest.raises(sample_types.Unmapped, match="triton-b:8000 is none of its variants"):
         resolver.sample(line("triton-b"))
     assert resolver.lookups == 3
 

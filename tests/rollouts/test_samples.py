@@ -34,7 +34,7 @@ from local.nginx import NginxProcess, find_nginx, start_nginx
 from local.nginx_supervisor import read_state
 from local.processes import alive, free_port, free_ports
 from local.triton import TritonProcess
-from rollouts.traffic import latency, samples
+from rollouts.traffic import latency, sample_types, samples
 from tests.factories import ClusterFactory, DeploymentFactory, InferenceServerFactory, ModelFactory
 from tests.fixtures.samples import CollectorProcess, RedisServer
 
@@ -137,7 +137,7 @@ def send(url: str, count: int, body: dict | None = None) -> list[httpx.Response]
 
 def wait_for_samples(deployment_id: int, count: int, *, mirror: bool = False,
                      timeout: float = 5.0, at_most: int | None = None,
-                     ) -> dict[str, list[samples.Sample]]:
+                     ) -> dict[str, list[sample_types.Sample]]:
     """The deployment's samples once ``count`` have arrived (fails after ``timeout``); no
     more than ``at_most`` (default ``count``: exactly those sent)."""
     deadline = time.monotonic() + timeout
