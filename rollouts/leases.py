@@ -14,8 +14,7 @@ Each kind has its own lease length (``SWITCHYARD_LOAD_LEASE_S``,
 ``SWITCHYARD_ROLLOUT_LEASE_S``, ``SWITCHYARD_BENCHMARK_LEASE_S``,
 ``SWITCHYARD_WORKLOAD_LEASE_S``); its module passes it in.
 
-The same rows are created idempotently: :func:`check_replay` is the one answer to an
-Idempotency-Key used again for another request.
+The same rows are created idempotently: :mod:`rollouts.idempotency`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from console.exceptions import Conflict
 from rollouts.models.jobs import LeasedJob
 
 log = logging.getLogger(__name__)
@@ -131,11 +129,3 @@ def heartbeat(row: LeasedJob, *, lease_s: float, max_s: float) -> Iterator[None]
     finally:
         stop.set()
         thread.join()
-
-
-def check_replay(earlier_fingerprint: str | None, fingerprint: str) -> None:
-    """An Idempotency-Key answers again only the request it was first used for: a Conflict
-    on ``idempotency_key`` when that earlier request (``earlier_fingerprint``) was another."""
-    if earlier_fingerprint != fingerprint:
-        raise Conflict("this Idempotency-Key was used for a different request",
-                       field="idempotency_key")

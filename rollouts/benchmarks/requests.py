@@ -11,13 +11,11 @@ reconciler (:mod:`.reconciler`) unloads and ends the job.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
 import redis
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console.celery import send_now
@@ -27,7 +25,7 @@ from fleet.audit import actor_label
 from fleet.models import InferenceServer, Membership
 from fleet.quota import admission as quota
 from fleet.tenancy.scoping import require_role, token_of
-from rollouts import leases
+from rollouts import idempotency
 from rollouts.benchmarks import runs, sweep
 from rollouts.benchmarks.specs import (
     LIMITS,
@@ -144,18 +142,21 @@ def create_job(
         loads.check_loadable(deployment, found)
     loads.check_runtime(found, [target])
     _check_quota(deployment, found, target, parsed_configs)
-    fingerprint = hashlib.sha256(json.dumps(
-        {k: (v.pk if hasattr(v, "pk") else v) for k, v in fields.items()}, sort_keys=True,
-        default=str).encode()).hexdigest()
+    fingerprint = idempotency.fingerprint(**fields)
     token = token_of(actor)
-    try:
+
+    def replay() -> BenchmarkJob | None:
+        earlier = BenchmarkJob.objects.filter(
+            tenant=deployment.tenant, idempotency_key=idempotency_key).first()
+        if earlier is not None:
+            idempotency.check_replay(earlier.request_fingerprint, fingerprint)
+        return earlier
+
+    def create() -> tuple[BenchmarkJob, bool]:
         with transaction.atomic():
-            if idempotency_key:
-                earlier = BenchmarkJob.objects.filter(
-                    tenant=deployment.tenant, idempotency_key=idempotency_key).first()
-                if earlier is not None:
-                    leases.check_replay(earlier.request_fingerprint, fingerprint)
-                    return earlier, False
+            earlier = replay() if idempotency_key else None
+            if earlier is not None:
+                return earlier, False
             _refuse_busy(target)
             job = BenchmarkJob.objects.create(
                 tenant=deployment.tenant, deployment=deployment, **fields,
@@ -168,10 +169,10 @@ def create_job(
                          after={"version": found.version, "server": target.name,
                                 "levels": fields["levels"], "configs": len(parsed_configs)})
             transaction.on_commit(lambda: _enqueue(job.pk))
-    except IntegrityError:
-        _refuse_busy(target)
-        raise
-    return job, True
+        return job, True
+
+    return idempotency.create_once(create, key=idempotency_key, replay=replay,
+                                   refuse=lambda: _refuse_busy(target))
 
 
 def _refuse_busy(server: InferenceServer) -> None:

@@ -11,8 +11,6 @@ once.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -28,7 +26,7 @@ from fleet.inventory.routers import has_router
 from fleet.models import Membership
 from fleet.tenancy.scoping import require_role, token_of
 from fleet.tenancy.tokens import person_id
-from rollouts import leases
+from rollouts import idempotency
 from rollouts.canary import analysis, specs
 from rollouts.canary.specs import ACTION_FROM
 from rollouts.canary.timeline import notify, record_event
@@ -88,10 +86,6 @@ def _canary_servers(deployment: Deployment, candidate: ModelVersion, baseline: i
     if not chosen:
         raise DomainError(f"deployment {deployment.name} has no servers", field="servers")
     return chosen
-
-
-def _fingerprint(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def create_rollout(
@@ -189,25 +183,19 @@ def create_rollout(
             alias=(routes.PRODUCTION_ALIAS if deployment.production else "")
             if alias_given is None else alias_given,
         )
-    request_fields = {k: (v.pk if isinstance(v, ModelVersion) else v) for k, v in fields.items()}
-    fingerprint = _fingerprint({"deployment": deployment.pk, **request_fields})
-    try:
-        return _create(actor, deployment, fields, idempotency_key, fingerprint, reason)
-    except IntegrityError:
-        # Two requests raced past the checks: the constraints decide, and say which.
-        if idempotency_key:
-            earlier = _replay(deployment, idempotency_key, fingerprint)
-            if earlier is not None:
-                return earlier, False
-        _refuse_second(deployment)
-        raise
+    fingerprint = idempotency.fingerprint(deployment=deployment, **fields)
+    # Should two requests race past the checks, the constraints decide, and say which.
+    return idempotency.create_once(
+        lambda: _create(actor, deployment, fields, idempotency_key, fingerprint, reason),
+        key=idempotency_key, replay=lambda: _replay(deployment, idempotency_key, fingerprint),
+        refuse=lambda: _refuse_second(deployment))
 
 
 def _replay(deployment: Deployment, key: str, fingerprint: str) -> Rollout | None:
     earlier = Rollout.objects.filter(tenant=deployment.tenant, idempotency_key=key).first()
     if earlier is None:
         return None
-    leases.check_replay(earlier.request_fingerprint, fingerprint)
+    idempotency.check_replay(earlier.request_fingerprint, fingerprint)
     return earlier
 
 

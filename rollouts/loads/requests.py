@@ -9,11 +9,10 @@ quota, fetch from S3, place, load, and the way back) are the reconciler's
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console import logs
@@ -23,7 +22,7 @@ from fleet import audit
 from fleet.audit import actor_label
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
-from rollouts import leases
+from rollouts import idempotency
 from rollouts.loads.demand import is_lora
 from rollouts.models import Deployment, ModelLoad, ModelLoadEvent, ModelVersion
 from rollouts.traffic import routes
@@ -170,19 +169,14 @@ def request_load(
     check_loadable(deployment, version)
     servers = _servers(deployment, server_names)
     check_runtime(version, servers)
-    fingerprint = hashlib.sha256(
-        f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}".encode()
-    ).hexdigest()
-    try:
-        return _create_loads(actor, deployment, version, servers, idempotency_key, fingerprint)
-    except IntegrityError:
-        # The server locks make requests with one key go one at a time; should another one
-        # win the insert all the same (the unique constraint has the last word), answer as
-        # its replay, or its conflict.
-        earlier = _replay(deployment, idempotency_key, fingerprint) if idempotency_key else None
-        if earlier is None:
-            raise
-        return earlier, False
+    fingerprint = idempotency.fingerprint(
+        kind="load", deployment=deployment, version=version, servers=[s.pk for s in servers],
+        config_override=None)
+    # The server locks make requests with one key go one at a time; should another one win
+    # the insert all the same, the unique constraint has the last word.
+    return idempotency.create_once(
+        lambda: _create_loads(actor, deployment, version, servers, idempotency_key, fingerprint),
+        key=idempotency_key, replay=lambda: _replay(deployment, idempotency_key, fingerprint))
 
 
 def load_for(
@@ -197,9 +191,9 @@ def load_for(
         check_loadable(deployment, version)
     servers = _servers(deployment, server_names)
     check_runtime(version, servers)
-    fingerprint = hashlib.sha256(
-        f"load:{deployment.pk}:{version.pk}:{[s.pk for s in servers]}:{config_override}".encode()
-    ).hexdigest()
+    fingerprint = idempotency.fingerprint(
+        kind="load", deployment=deployment, version=version, servers=[s.pk for s in servers],
+        config_override=config_override)
     return _create_loads(None, deployment, version, servers, "", fingerprint, label=label,
                          config_override=config_override)
 
@@ -210,7 +204,7 @@ def _replay(deployment: Deployment, key: str, fingerprint: str) -> list[ModelLoa
     earlier = list(ModelLoad.objects.filter(tenant=deployment.tenant, idempotency_key=key))
     if not earlier:
         return None
-    leases.check_replay(earlier[0].request_fingerprint, fingerprint)
+    idempotency.check_replay(earlier[0].request_fingerprint, fingerprint)
     return earlier
 
 

@@ -42,15 +42,13 @@ back.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console.celery import send_soon
@@ -62,7 +60,7 @@ from fleet.models import AuditEvent, InferenceServer, Membership, Placement
 from fleet.quota import admission as quota
 from fleet.tenancy import namespaces
 from fleet.tenancy.scoping import require_role, token_of
-from rollouts import leases
+from rollouts import idempotency
 from rollouts.models import Deployment, ModelVersion, Route, ServerWorkload
 from rollouts.traffic import routes
 from rollouts.workloads.checks import (
@@ -123,10 +121,6 @@ def _check_free(cluster_id: int, namespace: str, name: str,
     return server
 
 
-def _fingerprint(**request: Any) -> str:
-    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
-
-
 def _replay(deployment: Deployment, key: str, fingerprint: str) -> ServerWorkload | None:
     """The workload an earlier request with ``key`` created, or None; a Conflict when that
     request asked for something else. (The key is kept with the creation's audit entry.)"""
@@ -136,7 +130,7 @@ def _replay(deployment: Deployment, key: str, fingerprint: str) -> ServerWorkloa
              .order_by("-id").first())
     if event is None:
         return None
-    leases.check_replay(event.after.get("fingerprint"), fingerprint)
+    idempotency.check_replay(event.after.get("fingerprint"), fingerprint)
     return ServerWorkload.objects.select_related("deployment", "version").get(
         pk=int(event.object_id))
 
@@ -209,7 +203,7 @@ def create_workload(
         {"min_replicas": min_replicas, "max_replicas": max_replicas} if autoscaled
         else {"replicas": replicas}
     )
-    fingerprint = _fingerprint(
+    fingerprint = idempotency.fingerprint(
         deployment=deployment.pk, version=version.pk, name=name, namespace=namespace,
         gpu_resource=gpu_resource, node_selector=selector, model_repository=model_repository,
         volume_claim=volume_claim, image=image, **scaling,
@@ -220,16 +214,17 @@ def create_workload(
         "model_repository": model_repository, "volume_claim": volume_claim,
         "min_replicas": min_replicas, "max_replicas": max_replicas,
     }
-    try:
-        return _create(deployment, version, actor, request, klass, idempotency_key, fingerprint)
-    except IntegrityError:
+
+    def taken() -> None:
         # Another request took the name between our checks and the insert (the unique
-        # constraint has the last word): answer as its replay when it carried our key.
-        earlier = _replay(deployment, idempotency_key, fingerprint) if idempotency_key else None
-        if earlier is None:
-            raise Conflict(f"a server named {name} was just created in namespace {namespace}",
-                           field="name") from None
-        return earlier, False
+        # constraint has the last word), and it did not carry our key.
+        raise Conflict(f"a server named {name} was just created in namespace {namespace}",
+                       field="name") from None
+
+    return idempotency.create_once(
+        lambda: _create(deployment, version, actor, request, klass, idempotency_key, fingerprint),
+        key=idempotency_key, replay=lambda: _replay(deployment, idempotency_key, fingerprint),
+        refuse=taken)
 
 
 def _create(

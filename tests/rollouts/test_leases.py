@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from console.exceptions import Conflict
-from rollouts import leases
+from rollouts import idempotency, leases
 from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import reconciler as load_reconciler
@@ -201,8 +201,8 @@ def test_each_kind_steps_under_its_own_lease_kept_alive_by_a_heartbeat(kind, set
 
 
 def test_an_idempotency_key_replays_only_its_own_request():
-    leases.check_replay("abc", "abc")
+    idempotency.check_replay("abc", "abc")
     with pytest.raises(Conflict) as refused:
-        leases.check_replay("abc", "xyz")
+        idempotency.check_replay("abc", "xyz")
     assert refused.value.field == "idempotency_key"
     assert refused.value.message == "this Idempotency-Key was used for a different request"
