@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from console import metrics
 from tests.factories import DeploymentFactory, TenantFactory
 from tests.kube.schemas import validate_builtin
-from tests.rollouts.test_autoscaling import (
+from tests.rollouts.workloads.test_autoscaling import (
     benchmark,
     make_deployment,
     record,

@@ -1,6 +1,6 @@
 """POST /api/v1/loads/: validation naming the field, 202/200, Idempotency-Key, 409 in flight.
 
-The reconciler is not run here (tests/rollouts/test_loads.py drives real loads); these tests
+The reconciler is not run here (tests/rollouts/loads/test_loads.py drives real loads); these tests
 check what the API answers and writes.
 """
 

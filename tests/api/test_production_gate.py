@@ -25,7 +25,7 @@ from tests.factories import (
     ModelFactory,
     ModelVersionFactory,
 )
-from tests.rollouts.test_routes import Plain, ready
+from tests.rollouts.traffic.test_routes import Plain, ready
 
 Role = Membership.Role
 Status = ModelVersion.Status

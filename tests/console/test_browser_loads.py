@@ -28,7 +28,7 @@ from tests.factories import (
 )
 from tests.fixtures import sent_tasks
 from tests.fixtures.celery_worker import database_url, forget_queue, start_worker
-from tests.rollouts.test_loads import make_artifact
+from tests.rollouts.loads.test_loads import make_artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.triton, pytest.mark.worker]
 

@@ -96,7 +96,7 @@ def test_a_deployer_splits_real_traffic_and_watches_each_variant_live(
     import httpx
 
     from fleet.models import AuditEvent
-    from tests.rollouts.test_samples import CollectorProcess
+    from tests.rollouts.traffic.test_samples import CollectorProcess
 
     collector = CollectorProcess(tmp_path / "collector.log", settings.REDIS_URL,
                                  prefix=redis_prefix)

@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.rollouts.test_autoscaling import (
+from tests.rollouts.workloads.test_autoscaling import (
     benchmark,
     make_deployment,
     record,

@@ -24,7 +24,7 @@ from tests.fixtures import sent_tasks
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.triton]
 
 URL = "/api/v1/benchmarks/"
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

@@ -33,7 +33,7 @@ from tests.factories import (
 )
 
 pytestmark = pytest.mark.django_db
-CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from tests.fixtures.samples import CollectorProcess, RedisServer
 
 pytestmark = pytest.mark.triton
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PREFIX = f"switchyard-test-samples-{uuid.uuid4().hex[:8]}"
 INFER_PATH = "/v2/models/fraud-scorer/infer"
 INFER = {"inputs": [{"name": "INPUT0", "shape": [3], "datatype": "FP32", "data": [0.1, 0.5, 2.0]}]}

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
 from rollouts.models import Rollout
-from tests.rollouts.test_routes import Plain, ready
+from tests.rollouts.traffic.test_routes import Plain, ready
 
 State = Rollout.State
 
