@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported by pytest as a plugin (below): not imported here f
     from tests.fixtures.prometheus import PrometheusProcess
 
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
 INFER_BODY = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32",
                           "data": [0.1, 0.2, 0.3, 0.4]}]}
 FS1, FS2 = ("fraud-scorer", "1"), ("fraud-scorer", "2")

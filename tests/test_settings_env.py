@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from console.env import env_bool, env_float, env_int, env_list, env_secret
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 VAR = "SWITCHYARD_TEST_SETTING"
 
 

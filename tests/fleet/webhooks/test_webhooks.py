@@ -1,7 +1,7 @@
 """Tenant webhooks against a real HTTP receiver on 127.0.0.1: signatures, retries with
 backoff, giving up, a receiver that is down, the Slack format, who gets which event, and the
 API and console faces. The receivers are on 127.0.0.1, which SWITCHYARD_WEBHOOK_ALLOWED_HOSTS
-lets through here; tests/fleet/test_webhook_targets.py is about the addresses refused."""
+lets through here; tests/fleet/webhooks/test_webhook_targets.py is about the addresses refused."""
 
 from __future__ import annotations
 
