@@ -30,7 +30,7 @@ def test_a_request_id_follows_a_load_into_the_worker(world, s3_worker):  # noqa:
     s3_worker.wait_for(lambda: ModelLoad.objects.get(pk=load.pk).state == ModelLoad.State.READY,
                        timeout=60, what="the load to be ready")
     moves = [line for line in s3_worker.log().splitlines() if " → " in line]
-    assert [re.search(r"INFO rollouts\.loads: (\w+) → (\w+)", line).groups() for line in moves] == [
+    assert [re.search(r"INFO rollouts\.loads\.reconciler: (\w+) → (\w+)", line).groups() for line in moves] == [
         ("pending", "admitted"), ("admitted", "fetching"), ("fetching", "placing"),
         ("placing", "loading"), ("loading", "ready")]
     for line in moves:
