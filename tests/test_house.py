@@ -202,3 +202,14 @@ def test_tests_mirror_the_rooms():
             if not (ROOT / "tests" / app / room.name).is_dir():
                 missing.append(f"tests/{app}/{room.name}/")
     assert missing == []
+
+
+def test_no_view_module_imports_another():
+    """Views draw what several rooms share from a room's pages module (for example
+    rollouts/deployments/pages.py), never from another view module."""
+    offenders = {
+        module: sorted(name for name in imported if name.endswith(".views"))
+        for module, imported in import_graph().items()
+        if module.endswith(".views")
+    }
+    assert {module: names for module, names in offenders.items() if names} == {}
