@@ -26,6 +26,19 @@ pytest_plugins = [
 
 Role = Membership.Role
 
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    """Every test hashes passwords with MD5: the default PBKDF2 (a million rounds) costs about a
+    quarter of a second per user made, and most tests make several. What is tested about
+    passwords (logins, lockouts) is the same with any hasher; production keeps its own list."""
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
+        yield
+
 
 @pytest.fixture
 def tenant_a(db):
