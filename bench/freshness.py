@@ -1,6 +1,6 @@
 """Live-latency freshness bench: how soon a burst of traffic shows on the latency endpoint.
 
-    python bench/freshness.py [--samples N] [--json]
+    python bench/freshness.py [--samples N] [--ticks N] [--json]
 
 Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an error): a
 temporary SWITCHYARD_DATA_DIR (its ``runtimes`` folder a symlink to the cached Triton
@@ -20,9 +20,9 @@ Two measurements:
   rps, not counts). Freshness = the time that answer arrived - the time the last request of the
   burst finished.
 * tick duration: 50 servers (each carrying its own deployment of fraud-scorer) pointing at the
-  same real Triton, so each of the 50 scrapes is real; ``tick()`` timed 10 times, paced at the
-  scrape interval. Again with 5 of them dead (closed ports: refused at once) and with 5 hung
-  (a listening socket that never answers: each scrape runs into the scrape timeout).
+  same real Triton, so each of the 50 scrapes is real; ``tick()`` timed 10 times (``--ticks``),
+  paced at the scrape interval. Again with 5 of them dead (closed ports: refused at once) and
+  with 5 hung (a listening socket that never answers: each scrape runs into the scrape timeout).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ DETECT_TIMEOUT_S = 20.0  # a burst not seen by then fails the bench
 START_TIMEOUT_S = 60.0  # redis-server, gunicorn, the first points
 FLEET = 50  # servers registered for the tick measurement
 DEAD = 5  # of which dead (closed ports), then hung (never answer)
-TICKS = 10  # timed ticks per fleet configuration
+TICKS = 10  # timed ticks per fleet configuration (--ticks)
 REDIS_PREFIX = "switchyard-bench"
 INFER = {
     "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [0.1, 0.2, 0.3, 0.4]}]
@@ -408,11 +408,11 @@ def hung_listeners(count: int) -> Iterator[list[int]]:
             sock.close()
 
 
-def run_ticks(parts: TickParts, interval: float, dead: int) -> dict[str, Any]:
-    """TICKS timed ticks paced at the scrape interval (a tick longer than the interval is
+def run_ticks(parts: TickParts, interval: float, dead: int, ticks: int = TICKS) -> dict[str, Any]:
+    """``ticks`` timed ticks paced at the scrape interval (a tick longer than the interval is
     followed by the next at once). Counts the scrapes of live servers that failed."""
     durations, breakdowns, statements, failed, points = [], [], [], [], []
-    for _ in range(TICKS):
+    for _ in range(ticks):
         check_stop()
         slot = time.monotonic() + interval
         took, split, sql, result = parts.tick()
@@ -434,7 +434,8 @@ def run_ticks(parts: TickParts, interval: float, dead: int) -> dict[str, Any]:
     }
 
 
-def measure_ticks(deployment: Any, triton: Any, interval: float) -> dict[str, Any]:
+def measure_ticks(deployment: Any, triton: Any, interval: float,
+                  ticks: int = TICKS) -> dict[str, Any]:
     from django.db import connection
 
     from fleet.models import Cluster, InferenceServer
@@ -458,22 +459,22 @@ def measure_ticks(deployment: Any, triton: Any, interval: float) -> dict[str, An
     results: dict[str, Any] = {}
     try:
         with connection.execute_wrapper(parts.count_sql):
-            say(f"timing {TICKS} ticks with {FLEET} live servers…")
+            say(f"timing {ticks} ticks with {FLEET} live servers…")
             parts.tick()  # untimed: the new servers' first scrape has nothing to diff against
-            results["live"] = run_ticks(parts, interval, 0)
+            results["live"] = run_ticks(parts, interval, 0, ticks)
             dead = servers[-DEAD:]
             for server in dead:
                 server.http_url, server.metrics_url = f"http://127.0.0.1:{free_port()}", ""
                 server.save(update_fields=["http_url", "metrics_url"])
-            say(f"timing {TICKS} ticks with {FLEET - DEAD} live + {DEAD} dead (closed ports)…")
-            results["dead"] = run_ticks(parts, interval, DEAD)
+            say(f"timing {ticks} ticks with {FLEET - DEAD} live + {DEAD} dead (closed ports)…")
+            results["dead"] = run_ticks(parts, interval, DEAD, ticks)
             with hung_listeners(DEAD) as ports:
                 for server, port in zip(dead, ports, strict=True):
                     server.http_url = f"http://127.0.0.1:{port}"
                     server.save(update_fields=["http_url"])
-                say(f"timing {TICKS} ticks with {FLEET - DEAD} live + {DEAD} hung "
+                say(f"timing {ticks} ticks with {FLEET - DEAD} live + {DEAD} hung "
                     "(accept, never answer)…")
-                results["hung"] = run_ticks(parts, interval, DEAD)
+                results["hung"] = run_ticks(parts, interval, DEAD, ticks)
     finally:
         for restore in undo:
             restore()
@@ -485,7 +486,8 @@ def measure_ticks(deployment: Any, triton: Any, interval: float) -> dict[str, An
 # --------------------------------------------------------------------------------------------
 
 
-def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack,
+          ticks: int = TICKS) -> dict[str, Any]:
     from django.conf import settings
 
     from local.triton import (
@@ -518,7 +520,7 @@ def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) 
     if scraper.errors:
         raise RuntimeError(f"the scraper failed {len(scraper.errors)} time(s): "
                            f"{scraper.errors[-1]}")
-    ticks = measure_ticks(deployment, triton, interval)
+    tick_results = measure_ticks(deployment, triton, interval, ticks)
 
     result: dict[str, Any] = {
         "samples": samples,
@@ -539,14 +541,14 @@ def bench(samples: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) 
                 result[f"{key}_s_{stat}"] = value
     for name, key in (("live", "tick_s_50_servers"), ("dead", "tick_s_50_servers_with_5_dead"),
                       ("hung", "tick_s_50_servers_with_5_hung")):
-        durations = ticks[name]["durations"]
+        durations = tick_results[name]["durations"]
         result[key] = statistics.median(durations)
         result[f"{key}_max"] = max(durations)
-        result[f"{key}_breakdown"] = ticks[name]["breakdown"]
-        result[f"{key}_live_scrapes_failed"] = ticks[name]["live_failed"]
-    result["tick_sql_statements"] = ticks["live"]["statements"]
-    result["tick_points"] = ticks["live"]["points"]
-    result["tick_samples"] = TICKS
+        result[f"{key}_breakdown"] = tick_results[name]["breakdown"]
+        result[f"{key}_live_scrapes_failed"] = tick_results[name]["live_failed"]
+    result["tick_sql_statements"] = tick_results["live"]["statements"]
+    result["tick_points"] = tick_results["live"]["points"]
+    result["tick_samples"] = ticks
     return result
 
 
@@ -599,10 +601,12 @@ def print_table(r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=15, help="bursts measured (default 15)")
+    parser.add_argument("--ticks", type=int, default=TICKS,
+                        help=f"timed ticks per fleet configuration (default {TICKS})")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
-    if args.samples < 1:
-        parser.error("--samples must be at least 1")
+    if args.samples < 1 or args.ticks < 1:
+        parser.error("--samples and --ticks must be at least 1")
 
 
     def body(tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
@@ -613,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.db import connections
 
         stack.callback(connections.close_all)
-        return bench(args.samples, tmp, data_dir, stack)
+        return bench(args.samples, tmp, data_dir, stack, args.ticks)
 
     return run_bench("switchyard-freshness-", body, args.json, print_table)
 
