@@ -201,7 +201,8 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     steps = StepsField(required=False)
     analysis = AnalysisField(required=False)
     variants = serializers.ListField(
-        child=VariantSerializer(), required=False, min_length=2, max_length=10,
+        child=VariantSerializer(), required=False, min_length=specs.MIN_VARIANTS,
+        max_length=specs.MAX_VARIANTS,
         help_text="A/B: 2 to 10 versions whose weights sum to 100; the first is the reference",
     )
     duration_s = DurationField(required=False, help_text="A/B: end after this many seconds")
