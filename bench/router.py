@@ -75,7 +75,7 @@ BODY = json.dumps(
 ).encode()
 HEADERS = {"Content-Type": "application/json"}
 CONCURRENCY = (1, 16)
-ROUNDS = 4  # alternating direct/route rounds per concurrency
+ROUNDS = 4  # alternating direct/route rounds per concurrency (--rounds)
 WARMUP = 200
 RELOAD_PAUSE_S = 0.25
 CHANGE_TIMEOUT_S = 15.0
@@ -259,8 +259,9 @@ def run_wrk(url: str, path: str, concurrency: int, seconds: float,
 # --------------------------------------------------------------------------------------------
 
 
-def measure_overhead_wrk(direct: str, routed: str, seconds: float, script: Path) -> dict[str, Any]:
-    """The overhead with wrk: per concurrency, ``ROUNDS`` runs of ``seconds`` on each target,
+def measure_overhead_wrk(direct: str, routed: str, seconds: float, script: Path,
+                         rounds: int = ROUNDS) -> dict[str, Any]:
+    """The overhead with wrk: per concurrency, ``rounds`` runs of ``seconds`` on each target,
     alternating; each figure is the median over the rounds of wrk's own percentiles."""
     out: dict[str, Any] = {}
     run_wrk(direct, DIRECT_PATH, 4, 1, script)  # warm-up: connections, Triton's first requests
@@ -268,7 +269,7 @@ def measure_overhead_wrk(direct: str, routed: str, seconds: float, script: Path)
     for concurrency in CONCURRENCY:
         check_stop()
         runs: dict[str, list[dict[str, float]]] = {"direct": [], "route": []}
-        for round_ in range(ROUNDS):
+        for round_ in range(rounds):
             order = [("direct", direct, DIRECT_PATH), ("route", routed, ROUTE_PATH)]
             for name, url, path in order if round_ % 2 == 0 else order[::-1]:
                 runs[name].append(run_wrk(url, path, concurrency, seconds, script))
@@ -288,16 +289,17 @@ def measure_overhead_wrk(direct: str, routed: str, seconds: float, script: Path)
     return out
 
 
-def measure_overhead(direct: str, routed: str, requests: int) -> dict[str, Any]:
+def measure_overhead(direct: str, routed: str, requests: int,
+                     rounds: int = ROUNDS) -> dict[str, Any]:
     out: dict[str, Any] = {}
     run_load(direct, DIRECT_PATH, 4, WARMUP)
     run_load(routed, ROUTE_PATH, 4, WARMUP)
     for concurrency in CONCURRENCY:
         check_stop()
-        per_round = max(requests // ROUNDS, concurrency)
+        per_round = max(requests // rounds, concurrency)
         found: dict[str, list[float]] = {"direct": [], "route": []}
         walls: dict[str, float] = {"direct": 0.0, "route": 0.0}
-        for round_ in range(ROUNDS):
+        for round_ in range(rounds):
             order = [("direct", direct, DIRECT_PATH), ("route", routed, ROUTE_PATH)]
             for name, url, path in order if round_ % 2 == 0 else order[::-1]:
                 latencies, wall = run_load(url, path, concurrency, per_round)
@@ -563,17 +565,20 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     result: dict[str, Any] = {
         "nginx_version": nginx_version(nginx.nginx),
         "triton_version": server_version(triton.http_url),
+        "overhead_rounds": args.rounds,
         "load_tool": f"wrk, {args.seconds:g} s a run" if wrk
         else "python http.client threads" + ("" if args.no_wrk else " (wrk not installed)"),
     }
     overhead_url = router.apply(spec("overhead")(100, 0)).url
     if wrk:
-        say(f"overhead: wrk, {ROUNDS} rounds of {args.seconds:g} s per target and concurrency…")
+        say(f"overhead: wrk, {args.rounds} rounds of {args.seconds:g} s per target and "
+            "concurrency…")
         result |= measure_overhead_wrk(triton.http_url, overhead_url, args.seconds,
-                                       wrk_script(tmp / "post.lua"))
+                                       wrk_script(tmp / "post.lua"), args.rounds)
     else:
-        say(f"overhead: {args.requests} requests per target and concurrency, in {ROUNDS} rounds…")
-        result |= measure_overhead(triton.http_url, overhead_url, args.requests)
+        say(f"overhead: {args.requests} requests per target and concurrency, in {args.rounds} "
+            "rounds…")
+        result |= measure_overhead(triton.http_url, overhead_url, args.requests, args.rounds)
 
     client, deployment_id = api_world(triton.http_url)
     api_url = f"/api/v1/routes/{deployment_id}/"
@@ -672,13 +677,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reloads", type=int, default=20, help="reloads under load (default 20)")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="length of each wrk run (default 5)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"overhead rounds per concurrency, alternating the targets "
+                        f"(default {ROUNDS})")
     parser.add_argument("--no-wrk", action="store_true",
                         help="measure the overhead with Python clients even where wrk is installed")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
-    if args.requests < 16 or args.changes < 1 or args.reloads < 1 or args.seconds < 1:
-        parser.error("--requests must be at least 16, --changes and --reloads at least 1, "
-                     "--seconds at least 1")
+    if (args.requests < 16 or args.changes < 1 or args.reloads < 1 or args.seconds < 1
+            or args.rounds < 1):
+        parser.error("--requests must be at least 16, --changes, --reloads and --rounds at "
+                     "least 1, --seconds at least 1")
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
 
