@@ -41,6 +41,7 @@ COPY README.md manage.py ./
 COPY console ./console
 COPY fleet ./fleet
 COPY rollouts ./rollouts
+COPY local ./local
 COPY templates ./templates
 COPY static ./static
 RUN pip install --no-deps -e .
