@@ -213,3 +213,19 @@ def test_no_view_module_imports_another():
         if module.endswith(".views")
     }
     assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_the_image_carries_every_app_the_settings_install():
+    """The Docker image copies each of the project's own packages that INSTALLED_APPS names
+    (the settings import them all at start-up, so a missing one is an image that never
+    starts)."""
+    from django.conf import settings
+
+    copied = {
+        line.split()[1].rstrip("/")
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+    }
+    ours = {app.split(".")[0] for app in settings.INSTALLED_APPS if (ROOT / app.split(".")[0]).is_dir()}
+    assert ours == {"console", "fleet", "rollouts", "local"}
+    assert ours - copied == set()
