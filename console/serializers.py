@@ -51,3 +51,19 @@ def _blank_in_form(data: Any, key: str, field: serializers.Field) -> bool:
         and not field.allow_null
         and not getattr(field, "allow_blank", False)
     )
+
+
+class JSONInput(serializers.Field):
+    """A JSON value handed to the domain as sent, once it is of the right kind (``kind``;
+    ``kind_message`` otherwise): the domain's checks name the path at fault."""
+
+    kind: type | tuple[type, ...] = object
+    kind_message = ""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, self.kind):
+            raise serializers.ValidationError(self.kind_message)
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value

@@ -16,7 +16,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from console.serializers import StrictFieldsMixin
+from console.serializers import JSONInput, StrictFieldsMixin
 from fleet.api.refs import IdOrNameField
 from rollouts.api.benchmark_schemas import (
     CONFIGS_SCHEMA,
@@ -40,21 +40,6 @@ Protocol = BenchmarkJob.Protocol
 # --------------------------------------------------------------------------------------------
 
 
-class _JSONInput(serializers.Field):
-    """A JSON value handed to the domain as sent (its checks name the path at fault)."""
-
-    kind: type | tuple[type, ...] = object
-    kind_message = ""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, self.kind):
-            raise serializers.ValidationError(self.kind_message)
-        return data
-
-    def to_representation(self, value: Any) -> Any:
-        return value
-
-
 def whole_numbers(value: Any) -> Any:
     """``value`` with every whole float made an int: 8.0 is the whole number 8 in JSON (and
     in the schema's integers), which the domain's integer checks take only as an int."""
@@ -67,7 +52,7 @@ def whole_numbers(value: Any) -> Any:
     return value
 
 
-class LevelsField(_JSONInput):
+class LevelsField(JSONInput):
     """Concurrencies (whole numbers) or request rates, checked against the mode."""
 
     kind = list
@@ -75,13 +60,13 @@ class LevelsField(_JSONInput):
 
 
 @extend_schema_field(SLO_SCHEMA)
-class SloField(_JSONInput):
+class SloField(JSONInput):
     kind = dict
     kind_message = "an object: p99_ms, error_rate (a fraction), ttft_p99_ms, itl_p99_ms"
 
 
 @extend_schema_field(REQUEST_SCHEMA)
-class RequestBodyField(_JSONInput):
+class RequestBodyField(JSONInput):
     kind = dict
     kind_message = "an object"
 
@@ -93,7 +78,7 @@ class RequestBodyField(_JSONInput):
 
 
 @extend_schema_field(CONFIGS_SCHEMA)
-class ConfigsField(_JSONInput):
+class ConfigsField(JSONInput):
     kind = list
     kind_message = "a list of config overrides"
 

@@ -29,7 +29,7 @@ from rest_framework.response import Response
 
 from console.exceptions import DomainError
 from console.filters import FilterSet
-from console.serializers import StrictFieldsMixin
+from console.serializers import JSONInput, StrictFieldsMixin
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from rollouts.api.routes import VersionWeightsField
@@ -98,21 +98,6 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
-class _JSONInput(serializers.Field):
-    """A JSON value handed to the domain as sent (its checks name the path at fault)."""
-
-    kind: type = object
-    kind_message = ""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, self.kind):
-            raise serializers.ValidationError(self.kind_message)
-        return data
-
-    def to_representation(self, value: Any) -> Any:
-        return value
-
-
 @extend_schema_field({
     "type": "array", "minItems": 1, "maxItems": specs.MAX_STEPS,
     "items": {"oneOf": STEP_SCHEMAS},
@@ -124,13 +109,13 @@ class _JSONInput(serializers.Field):
     "example": [{"set_weight": 10}, {"analysis": {}}, {"set_weight": 50},
                 {"pause": {"seconds": 300}}],
 })
-class StepsField(_JSONInput):
+class StepsField(JSONInput):
     kind = list
     kind_message = "must be a non-empty list of steps"
 
 
 @extend_schema_field(ANALYSIS_SCHEMA)
-class AnalysisField(_JSONInput):
+class AnalysisField(JSONInput):
     kind = dict
     kind_message = "must be an object of analysis settings"
 
