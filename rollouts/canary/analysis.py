@@ -18,21 +18,25 @@ from django.utils import timezone
 
 from console.exceptions import DomainError
 from fleet.models import InferenceServer
-from rollouts.canary import judge
+from rollouts.canary import abtest, judge, policy
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
 from rollouts.traffic import sample_types, samples
 
 log = logging.getLogger(__name__)
 Verdict = RolloutAnalysis.Verdict
 
-# How analyses judge, unless the rollout (or the step) says otherwise. ``max_p99_ms`` and
+# How analyses judge, unless the rollout (or the step) says otherwise (see
+# rollouts.canary.judge and rollouts.canary.policy for what each means). ``max_p99_ms`` and
 # ``max_error_rate`` default to the deployment's SLO.
 ANALYSIS_DEFAULTS: dict[str, Any] = {
-    "planned_samples": 1000,
+    "planned_samples": 10000,
     "min_samples": 100,
     "latency_tolerance_pct": 5.0,
-    "error_tolerance_pct": 1.0,
+    "tail_tolerance_pct": 20.0,
+    "error_tolerance_pct": 0.2,
+    "error_ratio_pct": 100.0,
     "alpha": 0.05,
+    "warmup_s": 2.0,
     "failure_limit": 0,
     "timeout_s": 900,
     "max_p50_ms": None,
@@ -46,8 +50,11 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "planned_samples": (10, 10_000_000, int),
     "min_samples": (10, 10_000_000, int),
     "latency_tolerance_pct": (0, 1000, float),
+    "tail_tolerance_pct": (0, 1000, float),
     "error_tolerance_pct": (0, 100, float),
+    "error_ratio_pct": (0, 10_000, float),
     "alpha": (0.0001, 0.4999, float),
+    "warmup_s": (0, 3600, float),
     "failure_limit": (0, 1000, int),
     "timeout_s": (1, 7 * 24 * 3600, int),
     "max_p50_ms": (0.001, 3_600_000, float),
@@ -167,26 +174,21 @@ def health_problem(rollout: Rollout, watched: list[ModelVersion]) -> tuple[str, 
 
 
 # --------------------------------------------------------------------------------------------
-# An analysis step: SLO gates, the judge, the timeout and the failure limit
+# An analysis step: the evidence, the judge and the step's end
 # --------------------------------------------------------------------------------------------
 
 
-def slo_gates(found: list[sample_types.Sample], config: dict[str, Any]) -> dict[str, Any]:
-    """The candidate's p50/p95/p99 and error rate against their ceilings (those set)."""
-    summary = samples.summarize(found, 1.0)
-    gates = []
-    for name, key, limit_key in (("p50", "p50_ms", "max_p50_ms"), ("p95", "p95_ms", "max_p95_ms"),
-                                 ("p99", "p99_ms", "max_p99_ms"),
-                                 ("error rate", "error_rate", "max_error_rate")):
-        limit = config.get(limit_key)
-        if limit is None:
-            continue
-        value = summary.get(key)
-        gates.append({"name": name, "value": value, "limit": limit,
-                      "ok": value is None or value <= limit})
-    checked = len(found) >= config["min_samples"]
-    return {"checked": checked, "samples": len(found), "gates": gates,
-            "ok": not checked or all(g["ok"] for g in gates)}
+def judge_config(config: dict[str, Any]) -> judge.JudgeConfig:
+    """The judge's settings from an analysis's."""
+    return judge.JudgeConfig(
+        latency_tolerance_pct=config["latency_tolerance_pct"],
+        tail_tolerance_pct=config["tail_tolerance_pct"],
+        error_tolerance_pct=config["error_tolerance_pct"],
+        error_ratio_pct=config["error_ratio_pct"], alpha=config["alpha"],
+        fresh_starts=config["failure_limit"] + 1,
+        max_p50_ms=config.get("max_p50_ms"), max_p95_ms=config.get("max_p95_ms"),
+        max_p99_ms=config.get("max_p99_ms"), max_error_rate=config.get("max_error_rate"),
+    )
 
 
 def analysis_row(rollout: Rollout, config: dict[str, Any]) -> RolloutAnalysis:
@@ -200,59 +202,87 @@ def analysis_row(rollout: Rollout, config: dict[str, Any]) -> RolloutAnalysis:
     return row
 
 
-def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types.Sample],
-         baseline: list[sample_types.Sample], now: float) -> str:
-    """One look of a running analysis at the requests of the candidate and the baseline
-    since its window began (read at ``now``), recorded on ``row``. Returns the step's end:
-    ``pass``, ``fail`` or ``inconclusive`` (the planned sample reached without a verdict, or
-    ``timeout_s`` passed); ``running`` to look again next tick; :data:`JUDGE_AGAIN` after a
-    failed look within ``failure_limit`` (the window starts afresh).
+def evidence_windows(row: RolloutAnalysis, config: dict[str, Any]) -> list[policy.StepWindow]:
+    """The stretches of time whose requests are this look's evidence: the attempt's earlier
+    analysis steps that passed with a baseline beside the canary, then this step's, each less
+    its warm-up; after a failed look within the failures allowed (a fresh start), this step's
+    alone."""
+    here = policy.StepWindow(row.window_start, None, config["warmup_s"])
+    if row.failed_looks or row.weight >= 100:
+        return [here]
+    earlier = RolloutAnalysis.objects.filter(
+        rollout_id=row.rollout_id, attempt=row.attempt, step_index__lt=row.step_index,
+        verdict=Verdict.PASS, weight__lt=100, finished_at__isnull=False,
+    ).order_by("step_index")
+    return [policy.StepWindow(r.window_start, r.finished_at.timestamp(),
+                              float((r.config or {}).get("warmup_s", config["warmup_s"])))
+            for r in earlier] + [here]
 
-    The SLO gates fail the candidate whatever the judge says; with all the traffic on the
-    candidate there is no baseline to compare with, and the gates alone decide."""
-    gates = slo_gates(canary, config)
-    if row.weight >= 100:
-        judgement = judge.Judgement(
-            judge.PASS if gates["checked"] else judge.INCONCLUSIVE,
-            ["the canary carries all traffic: judged by the SLO gates alone"
-             + ("" if gates["checked"] else f" once it has {config['min_samples']} requests")],
-            len(canary), 0, min(len(canary) / config["planned_samples"], 1.0), 0.0, 0.0)
-    else:
-        judge_config = judge.JudgeConfig(
-            planned_samples=config["planned_samples"], min_samples=config["min_samples"],
-            latency_tolerance_pct=config["latency_tolerance_pct"],
-            error_tolerance_pct=config["error_tolerance_pct"], alpha=config["alpha"],
-        )
-        judgement = judge.judge_samples(canary, baseline, judge_config, spent_before=row.spent)
-    reasons = list(judgement.reasons)
-    verdict = judgement.verdict
-    if not gates["ok"]:
-        verdict = judge.FAIL
-        reasons = [f"SLO: the canary's {g['name']} is {g['value']:.4g} against a ceiling of "
-                   f"{g['limit']:g}" for g in gates["gates"] if not g["ok"]] + (
-            reasons if judgement.verdict == judge.FAIL else [])
-    elapsed = now - row.window_start
-    if verdict == judge.INCONCLUSIVE and (judgement.information >= 1 or elapsed >= config["timeout_s"]):
-        ended = verdict
-        if judgement.information < 1:
-            reasons.append(f"{elapsed:.0f} s passed without a verdict (timeout {config['timeout_s']} s)")
-    else:
-        ended = verdict if verdict != judge.INCONCLUSIVE else Verdict.RUNNING
+
+def is_last_analysis(rollout: Rollout) -> bool:
+    """Whether no later analysis step of the rollout compares the canary with a baseline (one
+    before a step that sets its weight to 100)."""
+    weight = rollout.candidate_weight
+    for step in rollout.steps[rollout.step_index + 1:]:
+        if "set_weight" in step:
+            weight = step["set_weight"]
+        elif "analysis" in step and weight < 100:
+            return False
+    return True
+
+
+def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types.Sample],
+         baseline: list[sample_types.Sample], now: float, *,
+         windows: list[policy.StepWindow], last: bool = True) -> str:
+    """One look of a running analysis at the requests of the candidate and the baseline
+    (read at ``now``, from the start of ``windows`` on), recorded on ``row``. Returns the
+    step's end (``pass``, ``fail``, ``inconclusive``: :func:`rollouts.canary.policy.step_end`
+    decides), ``running`` to look again next tick, or :data:`JUDGE_AGAIN` after a failed look
+    within ``failure_limit`` (the evidence starts afresh). With all the traffic on the
+    candidate there is no baseline to compare with, and the SLO gates alone decide."""
+    evidence = policy.evidence(canary, windows)
+    judgement = judge.judge_samples(
+        evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
+        judge_config(config))
+    ended, headline = policy.step_end(
+        judgement, step_samples=len(policy.evidence(canary, windows[-1:])),
+        min_samples=config["min_samples"], last=last or row.weight >= 100,
+        planned_samples=config["planned_samples"], elapsed_s=now - row.window_start,
+        timeout_s=config["timeout_s"])
     fields: dict[str, Any] = {
-        "looks": row.looks + 1, "spent": judgement.spent, "judgement": judgement.to_json(),
-        "slo": gates, "reasons": reasons, "updated_at": timezone.now(),
+        "looks": row.looks + 1, "spent": config["alpha"] / (config["failure_limit"] + 1),
+        "judgement": judgement.to_json(), "slo": gates_json(judgement),
+        "reasons": [headline, *judgement.reasons], "updated_at": timezone.now(),
     }
     if ended == judge.FAIL:
         fields["failed_looks"] = row.failed_looks + 1
         if fields["failed_looks"] <= config["failure_limit"]:
-            # Within the failures allowed: judge again on a fresh window.
-            fields.update(window_start=time.time(), spent=0.0)
+            # Within the failures allowed: judge again on fresh evidence, with the next share
+            # of the error budget.
+            fields.update(window_start=time.time())
             _record(row, fields)
             return JUDGE_AGAIN
-    if ended != Verdict.RUNNING:
+    if ended != policy.RUNNING:
         fields.update(verdict=ended, finished_at=timezone.now())
     _record(row, fields)
     return ended
+
+
+def gates_json(judgement: judge.Judgement) -> dict[str, Any]:
+    """The SLO gates of a look, in the units they were set in (ms, percent)."""
+    rows = []
+    for g in judgement.gates:
+        if g.unit == "log-ms":
+            shown = [None if v is None else math.exp(v) for v in (g.estimate, g.low, g.high)]
+            limit = math.exp(g.tolerance)
+        else:
+            shown = [None if v is None else 100 * v for v in (g.estimate, g.low, g.high)]
+            limit = 100 * g.tolerance
+        rows.append({"name": g.name, "value": shown[0], "low": shown[1], "high": shown[2],
+                     "limit": limit, "state": g.state, "ok": g.state != judge.FAIL,
+                     "note": g.note})
+    return {"gates": rows, "checked": any(g["value"] is not None for g in rows),
+            "ok": all(g["ok"] for g in rows)}
 
 
 def _record(row: RolloutAnalysis, fields: dict[str, Any]) -> None:
@@ -290,7 +320,7 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
                          "enough": False, "difference": "unknown",
                          "note": "too few requests to compare"})
             continue
-        diff = judge.ab_difference(
+        diff = abtest.ab_difference(
             f"v{number}", [s.latency_ms for s in found], sum(s.is_error for s in found),
             f"v{reference}", [s.latency_ms for s in ref], sum(s.is_error for s in ref),
             effect_pct=max(config["latency_tolerance_pct"], 0.1), alpha=config["alpha"],

@@ -1,85 +1,109 @@
-"""The judge: is a canary worse than its baseline, on the same window of real requests?
+"""The judge: is a canary worse than its baseline, on the same window of real requests? A pure
+function over per-request samples and a config (:func:`judge`), no Django; an analysis look
+(:func:`rollouts.canary.analysis.look`) hands it the canary's and the baseline's requests and
+keeps everything it answers.
 
-Plain Python over per-request samples (latencies in ms and error flags), no Django: an analysis
-look (``rollouts.canary.analysis.look``, where the rest of the canary decision lives) hands it the
-route samples of the canary and of the baseline over one window (``rollouts.traffic.samples.window``)
-and keeps everything it answers.
+What it judges, as users feel it (each a *metric*, with its own tolerance):
 
-Latency. A one-sided Mann-Whitney U test (scipy) asks whether the canary's latencies tend to
-be larger than the baseline's; the effect is the Hodges-Lehmann shift (the median of all
-canary-minus-baseline differences) with its distribution-free confidence interval, also given
-relative to the baseline's median.
+* ``median``: the canary's median latency over the baseline's, as a ratio (``+7%``);
+* ``tail``: the same at the 99th percentile (a version slow for one request in fifty shows
+  here, not in the median);
+* ``errors``: the canary's error rate against what is allowed, the baseline's rate times
+  ``1 + error_ratio_pct/100`` plus ``error_tolerance_pct`` points. Errors are 5xx answers,
+  answers no server gave, and timeouts (408, 499); 4xx answers are the client's and are
+  counted apart. Only answered requests (below 400) enter the latency metrics, so fast
+  failures cannot make a canary look fast.
 
-Errors. A one-sided Fisher exact test (scipy) asks whether the canary's error rate is higher;
-the effect is the difference of the two rates with Newcombe's hybrid score interval.
+And the SLO gates: the canary alone against the ceilings set (p50/p95/p99 in ms, error rate in
+percent), failing it when it is *shown* above one.
 
-Looking repeatedly. The judge runs every tick while samples accumulate: testing each look at
-the full level would raise false alarms (peeking). The overall false-alarm probability is
-spent over the looks with the O'Brien-Fleming-type spending function of Lan and DeMets,
-alpha(t) = 2 - 2 Phi(z_{alpha/2} / sqrt(t)), t being the fraction of the planned sample seen so
-far; each look is tested at the level it adds, so by the union bound the chance of any false
-alarm over all looks stays below ``alpha`` however often the judge looks. Early looks spend
-almost nothing, so a canary is failed early only on overwhelming evidence.
+How (see :mod:`rollouts.canary.sequential`): every metric's estimate gets a lower and an upper
+bound that hold at every look at once (a confidence sequence), so the judge may look every
+second from the first requests on. **One error budget**: ``alpha`` is the chance, over the
+whole analysis, of failing a canary that is within every tolerance; it is split evenly over the
+metrics and gates judged (and over the fresh starts ``failure_limit`` allows), and each bound is
+drawn at its share. The verdict never contradicts the bounds:
 
-Verdicts, per look:
-
-* ``fail``: a test rejects at this look's level and the effect is larger than the tolerance
-  (a real regression, not a statistically significant trifle);
-* ``pass``: the planned sample is reached and the confidence intervals exclude a regression
-  larger than the tolerance (the canary is at most that much worse);
-* ``inconclusive``: not enough samples yet (fewer than ``min_samples`` per side), or the
-  planned sample is reached and neither holds: a person decides.
+* ``fail`` when a metric's lower bound is beyond its tolerance (or a gate's beyond its ceiling);
+* ``within`` (``Judgement.within``) when every metric's upper bound is within its tolerance: the
+  canary is shown to be at most that much worse; the analysis step decides what to do with it;
+* otherwise no verdict yet; and a tolerance finer than the data's recording step can resolve
+  (0.2 ms at a 4 ms median with whole-millisecond samples) is said so, and never passes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy import stats
 
+from rollouts.canary import sequential
+
 PASS = "pass"
 FAIL = "fail"
 INCONCLUSIVE = "inconclusive"
 
-# The Hodges-Lehmann interval sorts every pairwise difference; beyond this many samples a side
-# an evenly spaced subsample of the sorted latencies stands for it (quantiles kept exactly).
-MAX_PAIRWISE_SIDE = 1000
+# The mixture of each bound is tightest for effects about this many times its tolerance: large
+# enough that a gross regression is stopped after a handful of requests, small enough that the
+# tolerance itself is shown within a few hundred.
+TAU_FACTOR = 2.0
+# A metric's tolerance in ms must be at least this share of the data's recording step to be
+# resolved (the spreading of ties over their step is exact for a flat density within a step).
+RESOLVABLE_SHARE = 0.1
+# The fewest answered requests a side before latency is judged at all.
+MIN_LATENCY_SAMPLES = sequential.MIN_FOR_QUANTILE
+TIMEOUT_STATUSES = frozenset({408, 499})
 
 
 @dataclass(frozen=True)
 class JudgeConfig:
     """How a canary is judged.
 
-    ``planned_samples``: requests per side at which the judge must decide (the information
-    fraction is the smaller side's count over it). ``min_samples``: per side, before any
-    verdict. ``latency_tolerance_pct``: how much slower (Hodges-Lehmann shift over the
-    baseline's median) the canary may be. ``error_tolerance_pct``: how many percentage points
-    more errors it may have. ``alpha``: the chance of failing a canary that is no worse, over
-    every look. ``confidence``: of the reported intervals.
+    ``latency_tolerance_pct``: how much slower its median may be; ``tail_tolerance_pct``: its
+    99th percentile; ``error_tolerance_pct`` (points) and ``error_ratio_pct`` (percent of the
+    baseline's rate): how many more errors it may have. ``alpha``: the chance of failing a
+    canary within every tolerance, over every look; ``fresh_starts``: how many times the
+    analysis may start again on a fresh window (each gets its share of ``alpha``).
+    ``max_*``: the SLO ceilings (None: not gated).
     """
 
-    planned_samples: int = 2000
-    min_samples: int = 100
     latency_tolerance_pct: float = 5.0
-    error_tolerance_pct: float = 1.0
+    tail_tolerance_pct: float = 20.0
+    error_tolerance_pct: float = 0.2
+    error_ratio_pct: float = 100.0
     alpha: float = 0.05
-    confidence: float = 0.95
+    fresh_starts: int = 1
+    max_p50_ms: float | None = None
+    max_p95_ms: float | None = None
+    max_p99_ms: float | None = None
+    max_error_rate: float | None = None
 
     def __post_init__(self) -> None:
-        if self.min_samples < 10:
-            raise ValueError("min_samples must be at least 10")
-        if self.planned_samples < self.min_samples:
-            raise ValueError("planned_samples must be at least min_samples")
         if not 0 < self.alpha < 0.5:
             raise ValueError("alpha must be between 0 and 0.5")
-        if not 0.5 < self.confidence < 1:
-            raise ValueError("confidence must be between 0.5 and 1")
-        if self.latency_tolerance_pct < 0 or self.error_tolerance_pct < 0:
+        if min(self.latency_tolerance_pct, self.tail_tolerance_pct, self.error_tolerance_pct,
+               self.error_ratio_pct) < 0:
             raise ValueError("tolerances cannot be negative")
+        if self.fresh_starts < 1:
+            raise ValueError("fresh_starts must be at least 1")
+
+    def gates(self) -> list[tuple[str, float | None, float]]:
+        """The SLO gates set: (name, quantile or None for the error rate, ceiling)."""
+        out = [(f"p{round(q * 100)}", q, limit) for q, limit in
+               ((0.50, self.max_p50_ms), (0.95, self.max_p95_ms), (0.99, self.max_p99_ms))
+               if limit is not None]
+        if self.max_error_rate is not None:
+            out.append(("error rate", None, self.max_error_rate))
+        return out
+
+    def alpha_per_test(self, with_baseline: bool = True) -> float:
+        """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests."""
+        tests = (3 if with_baseline else 0) + len(self.gates())
+        return self.alpha / self.fresh_starts / max(tests, 1)
 
 
 @dataclass(frozen=True)
@@ -90,18 +114,293 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class LatencyComparison:
-    """Canary against baseline latency; ``shift_ms`` > 0 means the canary is slower."""
+class Arm:
+    """One side's requests: the latencies (ms) of those answered (status below 400), how many
+    failed (5xx, no answer, timeouts) and how many the client got a 4xx for."""
 
-    p_value: float  # one-sided: the canary is slower
-    shift_ms: Interval  # Hodges-Lehmann shift, canary - baseline
-    shift_pct: Interval  # the same, in percent of the baseline's median
-    canary_p50_ms: float
-    baseline_p50_ms: float
-    canary_p95_ms: float
-    baseline_p95_ms: float
-    canary_p99_ms: float
-    baseline_p99_ms: float
+    latencies: np.ndarray
+    errors: int
+    client_errors: int
+
+    @property
+    def total(self) -> int:
+        return len(self.latencies) + self.errors + self.client_errors
+
+    @classmethod
+    def of(cls, samples: Sequence[Any]) -> Arm:
+        """From route samples (``rollouts.traffic.sample_types.Sample``)."""
+        answered, errors, client = [], 0, 0
+        for s in samples:
+            if is_failure(s.status, s.upstream_failed):
+                errors += 1
+            elif s.status >= 400:
+                client += 1
+            else:
+                answered.append(s.latency_ms)
+        return cls(np.asarray(answered, dtype=float), errors, client)
+
+
+def is_failure(status: int, upstream_failed: bool) -> bool:
+    """An error the canary is judged on: a 5xx, no answer from a server, or a timeout."""
+    return status >= 500 or upstream_failed or status in TIMEOUT_STATUSES
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric's look: its estimate and anytime-valid bounds against its tolerance (all in
+    the metric's ``unit``), what the canary and baseline showed, and the state it is in:
+    ``fail`` (lower bound beyond), ``within`` (upper bound within), ``open`` (neither yet),
+    ``unresolved`` (the data's step is coarser than the tolerance) or ``waiting`` (too few)."""
+
+    name: str
+    unit: str
+    state: str
+    estimate: float | None
+    low: float | None
+    high: float | None
+    tolerance: float
+    canary: float | None
+    baseline: float | None
+    evidence: float  # the fail side's evidence, as a share of what a fail needs (1.0 = fail)
+    note: str = ""
+
+    def shown(self) -> dict[str, Any]:
+        """The metric in the units people read: a ratio's estimate, bounds and tolerance in
+        percent slower, a rate's in percentage points (the rates in percent), a gate's
+        latency in ms; ``canary`` and ``baseline`` in ms or percent."""
+        if self.unit == "log-ratio":
+            change, unit, side = _pct, "%", (lambda v: v)
+        elif self.unit == "log-ms":
+            change, unit, side = (lambda v: None if v is None else math.exp(v)), "ms", (lambda v: v)
+        else:
+            change, unit = (lambda v: None if v is None else 100 * v), "points" if self.name == "errors" else "%"
+            side = (lambda v: None if v is None else 100 * v)
+        return {"estimate": change(self.estimate), "low": change(self.low),
+                "high": change(self.high), "tolerance": change(self.tolerance), "unit": unit,
+                "canary": side(self.canary), "baseline": side(self.baseline)}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One look's verdict with every number behind it."""
+
+    verdict: str  # fail, or inconclusive while nothing is shown beyond a tolerance
+    within: bool  # every metric is shown within its tolerance
+    reasons: list[str]
+    canary_samples: int
+    baseline_samples: int
+    alpha_per_test: float
+    resolution_ms: float
+    metrics: list[Metric] = field(default_factory=list)
+    gates: list[Metric] = field(default_factory=list)
+    client_errors: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every number, and beside each metric the same in the units people read
+        (``shown``: percent for ratios and rates, ms for a gate's latency)."""
+        out = _jsonable(asdict(self))
+        for key in ("metrics", "gates"):
+            for data, m in zip(out[key], getattr(self, key), strict=True):
+                data["shown"] = _jsonable(m.shown())
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# One metric
+# --------------------------------------------------------------------------------------------
+
+
+def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: float,
+             tau: float, alpha: float, canary: float | None, baseline: float | None,
+             note: str = "", resolved: bool = True) -> Metric:
+    """The metric with its bounds at ``alpha`` and its state."""
+    sd = math.sqrt(max(variance, 1e-300))
+    z = sequential.bound_multiplier(variance, tau, alpha)
+    low, high = estimate - z * sd, estimate + z * sd
+    if low > tolerance:
+        state = FAIL
+    elif not resolved:
+        state = "unresolved"
+    elif high <= tolerance:
+        state = "within"
+    else:
+        state = "open"
+    distance = (estimate - tolerance) / sd
+    log_ratio = (sequential.log_mixture_ratio(distance, tau * tau / max(variance, 1e-300))
+                 if distance > 0 else 0.0)
+    evidence = min(max(log_ratio, 0.0) / math.log(1 / alpha), 99.0)
+    return Metric(name, unit, state, estimate, low, high, tolerance, canary, baseline,
+                  evidence, note)
+
+
+def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
+    return Metric(name, unit, "waiting", None, None, None, tolerance, None, None, 0.0, note)
+
+
+def _pct(log_ratio: float | None) -> float | None:
+    return None if log_ratio is None else 100 * math.expm1(log_ratio)
+
+
+def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: sequential.Sorted,
+                   tolerance_pct: float, alpha: float) -> Metric:
+    """The canary's ``q`` quantile over the baseline's, on the log scale (``unit`` log-ratio;
+    :func:`_pct` turns it into percent)."""
+    tolerance = math.log1p(tolerance_pct / 100)
+    se_c, se_b = canary.quantile_se(q), baseline.quantile_se(q)
+    if se_c is None or se_b is None:
+        need = max(sequential.MIN_FOR_QUANTILE, math.ceil(sequential.TAIL_COUNT / (1 - q)))
+        return _waiting(name, "log-ratio", tolerance,
+                        f"needs {need} answered requests a side (has {len(canary)} and {len(baseline)})")
+    step = max(canary.step, baseline.step)
+    floor = step / 4 if step > 0 else 1e-6
+    qc, qb = max(canary.quantile(q), floor), max(baseline.quantile(q), floor)
+    variance = (se_c / qc) ** 2 + (se_b / qb) ** 2
+    tolerance_ms = qb * tolerance_pct / 100
+    resolved = step == 0 or tolerance_ms >= RESOLVABLE_SHARE * step
+    note = "" if resolved else (
+        f"{tolerance_pct:g}% of {qb:.3g} ms is {tolerance_ms:.2g} ms, finer than the "
+        f"{step:g} ms the samples are recorded in can show")
+    return _bounded(name, "log-ratio", math.log(qc / qb), variance, tolerance,
+                    TAU_FACTOR * max(tolerance, 0.01), alpha, qc, qb, note, resolved)
+
+
+def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) -> Metric:
+    """The canary's error rate over what is allowed relative to the baseline's (a share, not
+    percent: ``0.004`` is 0.4 points)."""
+    n_c, n_b = canary.total, baseline.total
+    tolerance = config.error_tolerance_pct / 100
+    if n_c < 1 or n_b < 1:
+        return _waiting("errors", "share", tolerance, "no requests yet")
+    k = 1 + config.error_ratio_pct / 100
+    p_c, p_b = canary.errors / n_c, baseline.errors / n_b
+    variance = (sequential.proportion_variance(canary.errors, n_c)
+                + k * k * sequential.proportion_variance(baseline.errors, n_b))
+    return _bounded("errors", "share", p_c - k * p_b, variance, tolerance,
+                    TAU_FACTOR * max(tolerance, 0.001), alpha, p_c, p_b)
+
+
+def gate(name: str, q: float | None, ceiling: float, canary: Arm, ordered: sequential.Sorted,
+         alpha: float) -> Metric:
+    """The canary alone against an SLO ceiling (ms for a quantile, percent for the error
+    rate): it fails when its lower bound is above the ceiling."""
+    if q is None:
+        n = canary.total
+        if n < 1:
+            return _waiting(name, "share", ceiling / 100, "no requests yet")
+        rate = canary.errors / n
+        return _bounded(name, "share", rate, sequential.proportion_variance(canary.errors, n),
+                        ceiling / 100, TAU_FACTOR * max(ceiling / 100, 0.005), alpha, rate, None)
+    se = ordered.quantile_se(q)
+    tolerance = math.log(ceiling)
+    if se is None:
+        return _waiting(name, "log-ms", tolerance, f"needs more answered requests (has {len(ordered)})")
+    value = max(ordered.quantile(q), ordered.step / 4 if ordered.step else 1e-6)
+    return _bounded(name, "log-ms", math.log(value), (se / value) ** 2, tolerance,
+                    TAU_FACTOR * 0.2, alpha, value, None)
+
+
+# --------------------------------------------------------------------------------------------
+# The look
+# --------------------------------------------------------------------------------------------
+
+
+def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
+    """One look at a canary against its baseline over the same window (``baseline`` None:
+    the canary carries all the traffic and only the SLO gates judge it)."""
+    with_baseline = baseline is not None
+    alpha = config.alpha_per_test(with_baseline)
+    c_sorted = sequential.Sorted(canary.latencies)
+    metrics: list[Metric] = []
+    step = c_sorted.step
+    if baseline is not None:
+        b_sorted = sequential.Sorted(baseline.latencies)
+        step = max(step, b_sorted.step)
+        if c_sorted.step != step:
+            c_sorted = sequential.Sorted(canary.latencies, step)
+        if b_sorted.step != step:
+            b_sorted = sequential.Sorted(baseline.latencies, step)
+        metrics = [
+            quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct, alpha),
+            quantile_ratio("tail", 0.99, c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
+            error_excess(canary, baseline, config, alpha),
+        ]
+    gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
+    failed = [m for m in metrics + gates if m.state == FAIL]
+    # Without a baseline (the canary carries all the traffic) the gates alone decide: within
+    # once each has the requests it needs and none is shown above its ceiling.
+    within = (all(m.state == "within" for m in metrics) if with_baseline
+              else all(m.state != "waiting" for m in gates))
+    reasons = [describe(m, config) for m in failed]
+    if not failed:
+        reasons = [describe(m, config) for m in metrics if m.state != "within"] or (
+            [f"every metric is within its tolerance ({1 - alpha:.4g} bounds, valid at every look)"]
+            if with_baseline else [])
+    client = {"canary": canary.client_errors, "baseline": baseline.client_errors if baseline else 0}
+    return Judgement(FAIL if failed else INCONCLUSIVE, within, reasons, canary.total,
+                     baseline.total if baseline else 0, alpha, step, metrics, gates, client)
+
+
+def judge_samples(canary: Sequence[Any], baseline: Sequence[Any] | None,
+                  config: JudgeConfig) -> Judgement:
+    """:func:`judge` over route samples (``rollouts.traffic.sample_types.Sample``)."""
+    return judge(Arm.of(canary), Arm.of(baseline) if baseline is not None else None, config)
+
+
+def describe(m: Metric, config: JudgeConfig) -> str:
+    """One metric's state in words, with its numbers."""
+    if m.state == "waiting":
+        return f"{m.name}: {m.note}"
+    if m.unit == "log-ratio":
+        what = "median" if m.name == "median" else "p99"
+        pct = _pct(m.estimate)
+        text = (f"{what} latency {abs(pct):.1f}% {'slower' if pct >= 0 else 'faster'} "
+                f"({m.canary:.3g} ms against "
+                f"{m.baseline:.3g} ms), bounds {_pct(m.low):+.1f}% to {_pct(m.high):+.1f}%, "
+                f"tolerance {_pct(m.tolerance):g}%")
+    elif m.unit == "log-ms":
+        text = (f"SLO {m.name} {math.exp(m.estimate):.4g} ms, bounds {math.exp(m.low):.4g} to "
+                f"{math.exp(m.high):.4g} ms, ceiling {math.exp(m.tolerance):g} ms")
+    elif m.name == "errors":
+        text = (f"errors {100 * m.canary:.2f}% against {100 * m.baseline:.2f}%: "
+                f"{100 * m.estimate:+.2f} points over the {config.error_ratio_pct:g}% allowed "
+                f"above the baseline's rate, bounds {100 * m.low:+.2f} to {100 * m.high:+.2f}, "
+                f"tolerance {100 * m.tolerance:g} points")
+    else:
+        text = (f"SLO {m.name} {100 * m.estimate:.2f}%, bounds {100 * m.low:.2f}% to "
+                f"{100 * m.high:.2f}%, ceiling {100 * m.tolerance:g}%")
+    if m.state == FAIL:
+        return f"{text}: beyond it"
+    if m.state == "unresolved":
+        return f"{text}: {m.note}"
+    if m.state == "open":
+        return f"{text}: not yet shown within"
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Error-rate differences, for the A/B numbers
+# --------------------------------------------------------------------------------------------
+
+
+def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
@@ -114,97 +413,10 @@ class ErrorComparison:
     difference_pct: Interval
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """One look's verdict with every number behind it."""
-
-    verdict: str
-    reasons: list[str]
-    canary_samples: int
-    baseline_samples: int
-    information: float  # the fraction of the planned sample seen
-    level: float  # the false-alarm level this look was tested at
-    spent: float  # the false-alarm probability spent up to and including this look
-    latency: LatencyComparison | None = None
-    errors: ErrorComparison | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def spent_alpha(information: float, alpha: float) -> float:
-    """O'Brien-Fleming-type spending (Lan-DeMets): the false-alarm probability that may be
-    spent once ``information`` (0..1) of the planned sample has been seen."""
-    if information <= 0:
-        return 0.0
-    t = min(information, 1.0)
-    z = stats.norm.isf(alpha / 2)
-    return float(min(alpha, 2.0 - 2.0 * stats.norm.cdf(z / math.sqrt(t))))
-
-
-def hodges_lehmann(canary: np.ndarray, baseline: np.ndarray, confidence: float) -> Interval:
-    """The Hodges-Lehmann shift (canary - baseline) with its distribution-free interval: the
-    order statistics of the pairwise differences that the Mann-Whitney distribution (normal
-    approximation) puts at the interval's ends."""
-    a = _thin(np.sort(canary))
-    b = _thin(np.sort(baseline))
-    n, m = len(a), len(b)
-    diffs = (a[:, None] - b[None, :]).ravel()
-    total = diffs.size
-    z = stats.norm.isf((1 - confidence) / 2)
-    k = math.floor(total / 2 - z * math.sqrt(n * m * (n + m + 1) / 12))
-    k = min(max(k, 0), total - 1)
-    hi_index = total - 1 - k
-    middle = (total - 1) // 2, total // 2
-    picked = np.partition(diffs, sorted({k, hi_index, *middle}))
-    estimate = float((picked[middle[0]] + picked[middle[1]]) / 2)
-    return Interval(estimate, float(picked[k]), float(picked[hi_index]))
-
-
-def _thin(ordered: np.ndarray) -> np.ndarray:
-    if len(ordered) <= MAX_PAIRWISE_SIDE:
-        return ordered
-    picks = np.linspace(0, len(ordered) - 1, MAX_PAIRWISE_SIDE).round().astype(int)
-    return ordered[picks]
-
-
-def compare_latency(canary: Sequence[float], baseline: Sequence[float],
-                    confidence: float = 0.95) -> LatencyComparison:
-    """Canary against baseline latencies (ms); both need at least one sample."""
-    a = np.asarray(canary, dtype=float)
-    b = np.asarray(baseline, dtype=float)
-    if not len(a) or not len(b):
-        raise ValueError("both sides need samples")
-    test = stats.mannwhitneyu(a, b, alternative="greater", method="asymptotic")
-    shift = hodges_lehmann(a, b, confidence)
-    base = float(np.median(b))
-    scale = 100.0 / base if base > 0 else 0.0
-    return LatencyComparison(
-        p_value=float(test.pvalue),
-        shift_ms=shift,
-        shift_pct=Interval(shift.estimate * scale, shift.low * scale, shift.high * scale),
-        canary_p50_ms=float(np.quantile(a, 0.50)),
-        baseline_p50_ms=base,
-        canary_p95_ms=float(np.quantile(a, 0.95)),
-        baseline_p95_ms=float(np.quantile(b, 0.95)),
-        canary_p99_ms=float(np.quantile(a, 0.99)),
-        baseline_p99_ms=float(np.quantile(b, 0.99)),
-    )
-
-
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def compare_errors(canary_errors: int, canary_total: int, baseline_errors: int,
                    baseline_total: int, confidence: float = 0.95) -> ErrorComparison:
-    """Canary against baseline error counts: Fisher's exact test (one-sided) and Newcombe's
-    interval for the difference of the rates, in percentage points."""
+    """Canary against baseline error counts at one look: Fisher's exact test (one-sided) and
+    Newcombe's interval for the difference of the rates, in percentage points."""
     if canary_total <= 0 or baseline_total <= 0:
         raise ValueError("both sides need samples")
     table = [[canary_errors, canary_total - canary_errors],
@@ -217,155 +429,4 @@ def compare_errors(canary_errors: int, canary_total: int, baseline_errors: int,
     diff = p1 - p2
     low = diff - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
     high = diff + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
-    return ErrorComparison(
-        p_value=p_value,
-        canary_rate_pct=100 * p1,
-        baseline_rate_pct=100 * p2,
-        difference_pct=Interval(100 * diff, 100 * low, 100 * high),
-    )
-
-
-def judge(
-    canary_ms: Sequence[float],
-    canary_errors: int,
-    baseline_ms: Sequence[float],
-    baseline_errors: int,
-    config: JudgeConfig,
-    *,
-    spent_before: float = 0.0,
-) -> Judgement:
-    """One look at a canary against its baseline over the same window.
-
-    ``canary_ms`` and ``baseline_ms`` are the latencies of every request of each side in the
-    window; ``*_errors`` how many of them failed. ``spent_before`` is the false-alarm
-    probability earlier looks of this analysis spent (the previous judgement's ``spent``).
-    """
-    n, m = len(canary_ms), len(baseline_ms)
-    information = min(n, m) / config.planned_samples
-    if min(n, m) < config.min_samples:
-        return Judgement(
-            INCONCLUSIVE, [f"not enough requests yet: {n} canary, {m} baseline "
-                           f"(at least {config.min_samples} each)"],
-            n, m, information, 0.0, spent_before,
-        )
-    spent = max(spent_alpha(information, config.alpha), spent_before)
-    # Each look may spend what the spending function has added since the last one; the two
-    # tests (latency, errors) share it.
-    level = max(spent - spent_before, 0.0) / 2
-    latency = compare_latency(canary_ms, baseline_ms, config.confidence)
-    errors = compare_errors(canary_errors, n, baseline_errors, m, config.confidence)
-    reasons = []
-    if latency.p_value < level and latency.shift_pct.estimate > config.latency_tolerance_pct:
-        reasons.append(
-            f"latency: the canary is {latency.shift_pct.estimate:.1f}% slower (interval "
-            f"{latency.shift_pct.low:.1f}% to {latency.shift_pct.high:.1f}%, p = "
-            f"{latency.p_value:.2g} < {level:.2g}), beyond the {config.latency_tolerance_pct:g}% "
-            "allowed")
-    if errors.p_value < level and errors.difference_pct.estimate > config.error_tolerance_pct:
-        reasons.append(
-            f"errors: {errors.canary_rate_pct:.2f}% against {errors.baseline_rate_pct:.2f}% "
-            f"(+{errors.difference_pct.estimate:.2f} points, p = {errors.p_value:.2g} < "
-            f"{level:.2g}), beyond the {config.error_tolerance_pct:g} points allowed")
-    if reasons:
-        verdict = FAIL
-    elif information < 1:
-        verdict = INCONCLUSIVE
-        reasons.append(f"{min(n, m)} of {config.planned_samples} planned requests a side: "
-                       "no regression shown yet")
-    elif (latency.shift_pct.high <= config.latency_tolerance_pct
-          and errors.difference_pct.high <= config.error_tolerance_pct):
-        verdict = PASS
-        reasons.append(
-            f"at most {max(latency.shift_pct.high, 0):.1f}% slower and "
-            f"{max(errors.difference_pct.high, 0):.2f} points more errors "
-            f"({config.confidence:.0%} intervals), within what is allowed")
-    else:
-        verdict = INCONCLUSIVE
-        reasons.append("the planned sample is reached but the intervals do not rule out a "
-                       "regression beyond the tolerance: a person decides")
-    return Judgement(verdict, reasons, n, m, information, level, spent, latency, errors)
-
-
-def judge_samples(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeConfig, *,
-                  spent_before: float = 0.0) -> Judgement:
-    """:func:`judge` over per-request samples (``rollouts.traffic.sample_types.Sample``: ``latency_ms``
-    and ``is_error``) of the canary and the baseline, taken over the same window."""
-    return judge(
-        [s.latency_ms for s in canary], sum(1 for s in canary if s.is_error),
-        [s.latency_ms for s in baseline], sum(1 for s in baseline if s.is_error),
-        config, spent_before=spent_before,
-    )
-
-
-@dataclass(frozen=True)
-class VariantDifference:
-    """An A/B comparison of one variant against the reference variant."""
-
-    variant: str
-    reference: str
-    samples: int
-    reference_samples: int
-    p50_diff_ms: Interval
-    p95_diff_ms: Interval
-    error_diff_pct: Interval
-    latency_p_value: float  # two-sided Mann-Whitney U
-    enough: bool  # the sample detects the target effect with the target power
-    more_needed: int  # requests per variant still needed for that (0 when enough)
-
-
-def bootstrap_quantile_difference(a: np.ndarray, b: np.ndarray, q: float, confidence: float,
-                                  rng: np.random.Generator, rounds: int = 400) -> Interval:
-    """The difference of the ``q`` quantiles (a - b) with a percentile bootstrap interval."""
-    estimate = float(np.quantile(a, q) - np.quantile(b, q))
-    ra = rng.choice(a, size=(rounds, len(a)), replace=True)
-    rb = rng.choice(b, size=(rounds, len(b)), replace=True)
-    diffs = np.quantile(ra, q, axis=1) - np.quantile(rb, q, axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(diffs, [tail, 1 - tail])
-    return Interval(estimate, float(low), float(high))
-
-
-def samples_needed(baseline_ms: Sequence[float], effect_pct: float, alpha: float = 0.05,
-                   power: float = 0.8) -> int:
-    """Requests per variant for a two-sided Mann-Whitney test to detect a shift of
-    ``effect_pct`` of the baseline's median with ``power``: the t-test sample size for the
-    shift over the latencies' spread, inflated by the test's worst-case efficiency (0.864)."""
-    b = np.asarray(baseline_ms, dtype=float)
-    if len(b) < 2:
-        raise ValueError("the baseline needs at least 2 samples")
-    shift = abs(effect_pct) / 100 * float(np.median(b))
-    # A robust spread: the interquartile range of a normal distribution is 1.349 sigma.
-    spread = float(np.subtract(*np.quantile(b, [0.75, 0.25]))) / 1.349 or float(np.std(b))
-    if shift <= 0 or spread <= 0:
-        return 0
-    z = stats.norm.isf(alpha / 2) + stats.norm.ppf(power)
-    return math.ceil(2 * (z * spread / shift) ** 2 / 0.864)
-
-
-def ab_difference(
-    variant: str, variant_ms: Sequence[float], variant_errors: int,
-    reference: str, reference_ms: Sequence[float], reference_errors: int,
-    *, effect_pct: float = 5.0, alpha: float = 0.05, power: float = 0.8,
-    confidence: float = 0.95, seed: int = 0,
-) -> VariantDifference:
-    """The A/B verdict's numbers for ``variant`` against ``reference``: differences of p50,
-    p95 and error rate with intervals, and whether the sample was large enough to see an
-    ``effect_pct`` shift (and how many more requests a variant it needs if not)."""
-    a = np.asarray(variant_ms, dtype=float)
-    b = np.asarray(reference_ms, dtype=float)
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError("each variant needs at least 2 samples")
-    rng = np.random.default_rng(seed)
-    errors = compare_errors(variant_errors, len(a), reference_errors, len(b), confidence)
-    test = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
-    needed = samples_needed(b, effect_pct, alpha, power)
-    have = min(len(a), len(b))
-    return VariantDifference(
-        variant=variant, reference=reference, samples=len(a), reference_samples=len(b),
-        p50_diff_ms=bootstrap_quantile_difference(a, b, 0.50, confidence, rng),
-        p95_diff_ms=bootstrap_quantile_difference(a, b, 0.95, confidence, rng),
-        error_diff_pct=errors.difference_pct,
-        latency_p_value=float(test.pvalue),
-        enough=have >= needed,
-        more_needed=max(needed - have, 0),
-    )
+    return ErrorComparison(p_value, 100 * p1, 100 * p2, Interval(100 * diff, 100 * low, 100 * high))

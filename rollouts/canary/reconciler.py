@@ -293,13 +293,15 @@ def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
     row = analysis.analysis_row(rollout, config)
     if row.verdict != Verdict.RUNNING:  # decided by a worker that died before moving on
         return _after_analysis(rollout, row)
+    windows = analysis.evidence_windows(row, config)
     try:
-        by_version, now = analysis.samples_by_version(rollout, max(time.time() - row.window_start, 0.001))
+        by_version, now = analysis.samples_by_version(rollout, max(time.time() - windows[0].start, 0.001))
     except Exception as exc:
         record_event(rollout, Kind.ERROR, f"cannot read the route's samples: {exc}")
         return False
     ended = analysis.look(row, config, by_version.get(rollout.candidate.version, []),
-                          by_version.get(rollout.baseline.version, []), now)
+                          by_version.get(rollout.baseline.version, []), now, windows=windows,
+                          last=analysis.is_last_analysis(rollout))
     if ended == analysis.JUDGE_AGAIN:
         record_event(rollout, Kind.ANALYSIS, f"analysis failed a look ({row.failed_looks} of "
                      f"{config['failure_limit']} allowed): {'; '.join(row.reasons)}; judging again",

@@ -7,7 +7,9 @@ router or server is called: these pages show and ask, the reconciler acts."""
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -15,6 +17,7 @@ from django.utils import timezone
 
 from fleet.models import Cluster
 from rollouts.canary import analysis as canary_analysis
+from rollouts.canary import judge
 from rollouts.canary import specs as rollout_specs
 from rollouts.models import (
     ModelLoad,
@@ -115,23 +118,16 @@ def test_the_list_filters_by_state_and_deployment(setup, dave, bob):
 
 def test_the_page_shows_steps_weights_analysis_timeline_and_approvals(setup, dave, erin, bob):
     rollout = make(setup, dave, waiting_for="a person to resume (step 3)")
+    # A real judgement: a canary 2% slower than its baseline, with a few errors and 4xx.
+    rng = np.random.default_rng(5)
+    canary = judge.Arm(rng.lognormal(math.log(4.2), 0.3, 1200), 2, 7)
+    baseline = judge.Arm(rng.lognormal(math.log(4.1), 0.3, 3600), 6, 0)
+    judgement = judge.judge(canary, baseline, judge.JudgeConfig(max_p99_ms=50.0, max_error_rate=1.0))
     RolloutAnalysis.objects.create(
         rollout=rollout, step_index=1, weight=25, verdict="pass", window_start=0, looks=3,
-        spent=0.02, reasons=["at most 2.1% slower and 0.40 points more errors"],
+        spent=0.05, reasons=["1209 canary requests show it within every tolerance"],
         config={**canary_analysis.ANALYSIS_DEFAULTS, "max_p99_ms": 50.0, "max_error_rate": 1.0},
-        judgement={
-            "verdict": "pass", "reasons": [], "canary_samples": 1200, "baseline_samples": 3600,
-            "information": 1.0, "level": 0.0123, "spent": 0.02,
-            "latency": {"p_value": 0.41, "shift_ms": {"estimate": 0.1, "low": -0.2, "high": 0.3},
-                        "shift_pct": {"estimate": 1.25, "low": -2.5, "high": 2.1},
-                        "canary_p50_ms": 4.2, "baseline_p50_ms": 4.1, "canary_p95_ms": 6.5,
-                        "baseline_p95_ms": 6.4, "canary_p99_ms": 9.75, "baseline_p99_ms": 9.5},
-            "errors": {"p_value": 0.6, "canary_rate_pct": 0.1, "baseline_rate_pct": 0.2,
-                       "difference_pct": {"estimate": -0.1, "low": -0.3, "high": 0.4}},
-        },
-        slo={"checked": True, "samples": 1200, "ok": True, "gates": [
-            {"name": "p99", "value": 9.75, "limit": 50.0, "ok": True},
-            {"name": "error rate", "value": 0.1, "limit": 1.0, "ok": True}]},
+        judgement=judgement.to_json(), slo=canary_analysis.gates_json(judgement),
     )
     RolloutEvent.objects.create(rollout=rollout, kind="analysis", state=State.PROGRESSING,
                                 step_index=1, message="analysis passed at 25%",
@@ -143,10 +139,14 @@ def test_the_page_shows_steps_weights_analysis_timeline_and_approvals(setup, dav
     assert 'data-step="2" data-status="current"' in body
     assert 'data-step="3" data-status="to come"' in body
     assert 'data-weight="2">25%' in body and "a person to resume (step 3)" in body
-    for number in ("4.20 ms", "9.75 ms", "1.3%", "-2.5% to 2.1%", "0.4100", "0.0123",
-                   "-0.30 to 0.40", "1200", "3600"):
+    shown = {m["name"]: m["shown"] for m in judgement.to_json()["metrics"]}
+    median = shown["median"]
+    for number in (f"{median['canary']:.2f} ms", f"{median['estimate']:.2f} %",
+                   f"{median['low']:.2f} to {median['high']:.2f}", "≤ 5 %", "≤ 20 %",
+                   "≤ 0.20 points", "0.0100 a test", "1209", "3606", "7 canary, 0 baseline",
+                   "1209 canary requests show it within every tolerance"):
         assert number in body, number
-    assert 'data-gate="p99"' in body and "plan reviewed" in body
+    assert 'data-gate="p99"' in body and 'data-gate="error rate"' in body and "plan reviewed" in body
     assert "<summary>evidence</summary>" in body and "analysis passed at 25%" in body
     # bob is a viewer: no buttons, only what stands
     assert 'id="action-' not in body

@@ -1,0 +1,266 @@
+"""Judge bench: how often the canary decision is wrong, and how soon it is right, by simulation.
+
+    python bench/judge.py [--runs N] [--scenarios a,b,...] [--jobs N] [--json]
+
+Pure computation, no servers, seeded (run ``i`` of a scenario uses seed ``i``): each run is a
+whole canary rollout through the same decision the reconciler makes (``rollouts.canary.judge``
+for each look, ``rollouts.canary.policy`` for each analysis step), with the rollout's default
+steps (5%, analysis, 25%, analysis, 50%, analysis, then promotion) and the default analysis
+settings, looked at every second:
+
+* traffic: Poisson at 75 requests a second (the demo's), or, for the low- and high-traffic
+  A/A scenarios, a number of requests a look drawn uniformly from 5-20 or 50-500; each
+  request goes to the canary with the step's weight;
+* latency shaped like a Triton model's: log-normal around 5 ms (sigma 0.3); *rounded* scenarios record it as nginx does,
+  in whole milliseconds between two clock reads (``floor(latency + phase)``, the phase
+  uniform), so ties and rounding are exercised;
+* errors: 0.1% of requests on both sides unless the scenario changes the canary's.
+
+Each run ends ``fail`` (rolled back), ``pass`` (promoted) or ``inconclusive`` (a person asked).
+The table gives, per scenario, the share of each, the 95% upper bound of the fail share
+(Clopper-Pearson), the median seconds from the canary's first request to the end, and
+contradictions: looks whose verdict disagreed with its own bounds (a pass with a lower bound
+beyond a tolerance, a fail with every upper bound within), which must be 0.
+
+Goals (issue 22): A/A false fail <= 5% with its upper bound <= 6%; A/A inconclusive <= 10%;
+detection >= 95% for +10% median, p99 +50% and errors 0.1% -> 1% at 5% first weight with
+1 s looks; no contradiction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rollouts.canary import judge as judging  # noqa: E402
+from rollouts.canary import policy  # noqa: E402
+
+STEPS = [5, 25, 50]  # the default steps' weights, each followed by an analysis step
+DEFAULTS = {"min_samples": 100, "planned_samples": 10000, "timeout_s": 900, "warmup_s": 2.0}
+BASE_MEDIAN_MS = 5.0
+SIGMA = 0.3
+BASE_ERRORS = 0.001
+RATE = 75.0
+MAX_SECONDS = 1200
+Z99 = stats.norm.ppf(0.99)
+Z_TAIL_START = 1.81  # p96.5: the p99-only regression leaves p95 where it was
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rounded: bool = True
+    traffic: tuple[float, float] | None = None  # requests a look, uniform; None: Poisson RATE
+    median_factor: float = 1.0
+    p99_factor: float = 1.0
+    canary_errors: float = BASE_ERRORS
+    base_errors: float = BASE_ERRORS
+    onset_s: float = 0.0  # the regression starts this long after the canary's first request
+    cold_s: float = 0.0  # the canary is 3x slower for its first seconds
+    bad: bool = True  # a fail is the right answer
+
+    def latency(self, rng: np.random.Generator, n: int, canary: bool, since_start: float) -> np.ndarray:
+        z = rng.standard_normal(n)
+        x = BASE_MEDIAN_MS * np.exp(SIGMA * z)
+        if canary and since_start >= self.onset_s:
+            x = x * self.median_factor
+            if self.p99_factor != 1.0:
+                ramp = np.clip((z - Z_TAIL_START) / (Z99 - Z_TAIL_START), 0, None)
+                x = x * (1 + (self.p99_factor - 1) * ramp)
+        if canary and since_start < self.cold_s:
+            x = x * 3.0
+        if self.rounded:
+            x = np.floor(x + rng.random(n))
+        return x
+
+
+SCENARIOS = {s.name: s for s in [
+    Scenario("aa-continuous", rounded=False, bad=False),
+    Scenario("aa-rounded", bad=False),
+    Scenario("aa-low-traffic", traffic=(5, 20), bad=False),
+    Scenario("aa-high-traffic", traffic=(50, 500), bad=False),
+    Scenario("aa-errors-0.6%", canary_errors=0.006, base_errors=0.006, bad=False),
+    Scenario("median+3%", median_factor=1.03, bad=False),
+    Scenario("median+5%", median_factor=1.05),
+    Scenario("median+7%", median_factor=1.07),
+    Scenario("median+10%", median_factor=1.10),
+    Scenario("median+20%", median_factor=1.20),
+    Scenario("median+160%", median_factor=2.60),
+    Scenario("p99+50%", p99_factor=1.5),
+    Scenario("errors-0.1%-1%", canary_errors=0.01),
+    Scenario("errors-1%-2%", canary_errors=0.02, base_errors=0.01),
+    Scenario("late-onset-120s+20%", median_factor=1.20, onset_s=120),
+    Scenario("cold-start-10s", cold_s=10, bad=False),
+]}
+AA = [name for name in SCENARIOS if name.startswith("aa-")]
+DETECTION_GOALS = ["median+10%", "p99+50%", "errors-0.1%-1%"]
+
+
+@dataclass
+class Side:
+    latencies: list = field(default_factory=list)
+    times: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+
+
+def _arm(side: Side, windows: list[policy.StepWindow]) -> judging.Arm:
+    t = np.asarray(side.times)
+    keep = np.zeros(len(t), dtype=bool)
+    for w in windows:
+        keep |= (t >= w.start + w.warmup_s) & ((t < w.end) if w.end is not None else True)
+    lat = np.asarray(side.latencies)[keep]
+    err = np.asarray(side.errors, dtype=bool)[keep]
+    return judging.Arm(lat[~err], int(err.sum()), 0)
+
+
+def one_run(name: str, seed: int) -> dict:
+    """One simulated rollout: its end, seconds to it, and contradictions seen."""
+    sc = SCENARIOS[name]
+    rng = np.random.default_rng(seed)
+    config = judging.JudgeConfig(max_p99_ms=None, max_error_rate=None)
+    canary, base = Side(), Side()
+    windows: list[policy.StepWindow] = []
+    contradictions = 0
+    now = 0.0
+    for index, weight in enumerate(STEPS):
+        last = index == len(STEPS) - 1
+        if windows:
+            windows[-1] = policy.StepWindow(windows[-1].start, now, windows[-1].warmup_s)
+        windows.append(policy.StepWindow(now, None, DEFAULTS["warmup_s"]))
+        step_start = now
+        while True:
+            n = (int(rng.integers(sc.traffic[0], sc.traffic[1] + 1)) if sc.traffic
+                 else int(rng.poisson(RATE)))
+            n_c = int(rng.binomial(n, weight / 100))
+            for side, count, is_canary, error_rate in ((canary, n_c, True, sc.canary_errors),
+                                                      (base, n - n_c, False, sc.base_errors)):
+                if count:
+                    side.latencies.extend(sc.latency(rng, count, is_canary, now))
+                    side.times.extend(now + rng.random(count))
+                    side.errors.extend(rng.random(count) < (error_rate if (not is_canary or now >= sc.onset_s) else sc.base_errors))
+            now += 1.0
+            c_arm, b_arm = _arm(canary, windows), _arm(base, windows)
+            step_arm = _arm(canary, windows[-1:])
+            j = judging.judge(c_arm, b_arm, config)
+            contradictions += _contradicts(j)
+            ended, _ = policy.step_end(
+                j, step_samples=step_arm.total, min_samples=DEFAULTS["min_samples"], last=last,
+                planned_samples=DEFAULTS["planned_samples"], elapsed_s=now - step_start,
+                timeout_s=DEFAULTS["timeout_s"])
+            if ended == judging.FAIL or ended == judging.INCONCLUSIVE or now >= MAX_SECONDS:
+                return {"end": ended if ended != policy.RUNNING else judging.INCONCLUSIVE,
+                        "seconds": now, "contradictions": contradictions}
+            if ended == judging.PASS:
+                break
+    return {"end": judging.PASS, "seconds": now, "contradictions": contradictions}
+
+
+def _contradicts(j: judging.Judgement) -> int:
+    metrics = [m for m in j.metrics if m.low is not None]
+    if j.within and any(m.low > m.tolerance for m in metrics):
+        return 1
+    if j.verdict == judging.FAIL and all(m.high <= m.tolerance for m in metrics + [
+            g for g in j.gates if g.high is not None]):
+        return 1
+    return 0
+
+
+def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    return 1.0 if k >= n else float(stats.beta.ppf(confidence, k + 1, n - k))
+
+
+def run_scenarios(names: list[str], runs: int, jobs: int) -> dict[str, dict]:
+    out = {}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for name in names:
+            started = time.time()
+            results = list(pool.map(one_run, [name] * runs, range(runs), chunksize=max(runs // (4 * jobs), 1)))
+            ends = [r["end"] for r in results]
+            fails = ends.count(judging.FAIL)
+            out[name] = {
+                "runs": runs,
+                "fail": fails / runs,
+                "fail_upper95": clopper_pearson_upper(fails, runs),
+                "pass": ends.count(judging.PASS) / runs,
+                "inconclusive": ends.count(judging.INCONCLUSIVE) / runs,
+                "median_s": float(np.median([r["seconds"] for r in results])),
+                "median_fail_s": (float(np.median([r["seconds"] for r in results if r["end"] == judging.FAIL]))
+                                  if fails else None),
+                "contradictions": sum(r["contradictions"] for r in results),
+                "wall_s": round(time.time() - started, 1),
+            }
+            print(f"  {name}: {out[name]}", file=sys.stderr)
+    return out
+
+
+def summary(table: dict[str, dict]) -> dict:
+    aa = [table[n] for n in AA if n in table]
+    fails = sum(round(r["fail"] * r["runs"]) for r in aa)
+    runs = sum(r["runs"] for r in aa)
+    worst = max(aa, key=lambda r: r["fail"]) if aa else None
+    return {
+        "aa_false_fail_rate": max((r["fail"] for r in aa), default=None),
+        "aa_false_fail_upper95": max((r["fail_upper95"] for r in aa), default=None),
+        "aa_false_fail_pooled": fails / runs if runs else None,
+        "aa_inconclusive_rate": max((r["inconclusive"] for r in aa), default=None),
+        "detection": {n: r["fail"] for n, r in table.items() if SCENARIOS[n].bad},
+        "false_fail": {n: r["fail"] for n, r in table.items() if not SCENARIOS[n].bad},
+        "time_to_verdict_s": {n: r["median_s"] for n, r in table.items()},
+        "contradictions": sum(r["contradictions"] for r in table.values()),
+        "worst_aa": worst,
+    }
+
+
+def goals(s: dict) -> list[tuple[str, bool]]:
+    det = s["detection"]
+    return [
+        ("A/A false fail <= 5%", s["aa_false_fail_rate"] is not None and s["aa_false_fail_rate"] <= 0.05),
+        ("A/A false fail upper bound <= 6%", s["aa_false_fail_upper95"] is not None and s["aa_false_fail_upper95"] <= 0.06),
+        ("A/A inconclusive <= 10%", s["aa_inconclusive_rate"] is not None and s["aa_inconclusive_rate"] <= 0.10),
+        *[(f"detection {n} >= 95%", det.get(n, 0) >= 0.95) for n in DETECTION_GOALS if n in det],
+        ("no contradiction", s["contradictions"] == 0),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    names = [n for n in args.scenarios.split(",") if n]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    table = run_scenarios(names, args.runs, args.jobs)
+    s = summary(table)
+    if args.json:
+        print(json.dumps({**s, "scenarios": table, "goals": dict(goals(s))}, indent=1))
+        return
+    print(f"{'scenario':<22} {'runs':>5} {'fail':>7} {'fail<=':>7} {'pass':>7} {'inconcl':>7} "
+          f"{'median s':>9} {'fail s':>7} {'contra':>6}")
+    for name, r in table.items():
+        fail_s = "-" if r["median_fail_s"] is None else f"{r['median_fail_s']:.0f}"
+        print(f"{name:<22} {r['runs']:>5} {r['fail']:>7.1%} {r['fail_upper95']:>7.1%} "
+              f"{r['pass']:>7.1%} {r['inconclusive']:>7.1%} {r['median_s']:>9.0f} {fail_s:>7} "
+              f"{r['contradictions']:>6}")
+    print()
+    for text, ok in goals(s):
+        print(f"  {'met ' if ok else 'MISS'} {text}")
+
+
+if __name__ == "__main__":
+    main()

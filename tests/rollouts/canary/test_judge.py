@@ -1,0 +1,261 @@
+"""The canary judge (rollouts/canary/judge.py, rollouts/canary/sequential.py) on simulated
+requests shaped like a Triton model's: log-normal latencies around 5 ms (sigma 0.3), on
+continuous data and as nginx records them (whole milliseconds between two clock reads, so
+ties and rounding are exercised). Each test draws from its own seeded generator.
+
+The error rates the judge claims are measured by ``bench/judge.py`` (1,000 runs a scenario);
+these tests pin the behaviour each of them rests on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rollouts.canary import sequential
+from rollouts.canary.judge import FAIL, INCONCLUSIVE, Arm, JudgeConfig, judge, judge_samples
+from rollouts.traffic.sample_types import Sample
+
+CONFIG = JudgeConfig()
+
+
+def latencies(rng: np.random.Generator, n: int, scale: float = 1.0, *, median: float = 5.0,
+              rounded: bool = True) -> np.ndarray:
+    x = rng.lognormal(math.log(median), 0.3, n) * scale
+    return np.floor(x + rng.random(n)) if rounded else x
+
+
+def arm(values: np.ndarray, errors: int = 0, client_errors: int = 0) -> Arm:
+    return Arm(np.asarray(values, dtype=float), errors, client_errors)
+
+
+def metric(judgement, name):
+    return next(m for m in judgement.metrics + judgement.gates if m.name == name)
+
+
+def looks(rng, *, canary_n, baseline_n, scale=1.0, rounded=True, config=CONFIG, steps=10,
+          canary_errors=0.0, baseline_errors=0.0, median=5.0):
+    """A canary looked at ``steps`` times as its requests grow: every judgement."""
+    c = latencies(rng, canary_n, scale, median=median, rounded=rounded)
+    b = latencies(rng, baseline_n, median=median, rounded=rounded)
+    ce, be = rng.random(canary_n) < canary_errors, rng.random(baseline_n) < baseline_errors
+    out = []
+    for k in range(1, steps + 1):
+        nc, nb = canary_n * k // steps, baseline_n * k // steps
+        out.append(judge(Arm(c[:nc][~ce[:nc]], int(ce[:nc].sum()), 0),
+                         Arm(b[:nb][~be[:nb]], int(be[:nb].sum()), 0), config))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The bounds
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_anytime_bound_lies_where_the_mixture_reaches_one_over_alpha_and_costs_more_than_one_look():
+    for variance, tau, alpha in ((1.0, 1.0, 0.05), (0.01, 0.5, 0.01), (1e-4, 0.1, 0.0167)):
+        z = sequential.bound_multiplier(variance, tau, alpha)
+        rho = tau * tau / variance
+        rounded_rho = math.exp(round(math.log(rho) * 20) / 20)
+        assert sequential.log_mixture_ratio(z, rounded_rho) == pytest.approx(math.log(1 / alpha), abs=1e-4)
+        # Valid at every look, it is wider than a bound for one planned look.
+        assert z > 1.6449 if alpha == 0.05 else z > 2.3263
+    assert sequential.bound_multiplier(1.0, 1.0, 0.01) > sequential.bound_multiplier(1.0, 1.0, 0.05)
+
+
+def test_a_random_walk_looked_at_every_step_crosses_the_bound_at_most_alpha_of_the_time():
+    """The property the whole judge rests on, checked on its own: the running mean of
+    standard normal increments, looked at after each of 400 of them, crosses its anytime
+    lower bound (above 0) in at most alpha of 2,000 runs (about 1% is expected: the bound is
+    conservative), where a fixed 1.645 would cross most of the time."""
+    rng = np.random.default_rng(1)
+    runs, steps, alpha = 2000, 400, 0.05
+    sums = np.cumsum(rng.standard_normal((runs, steps)), axis=1)
+    n = np.arange(1, steps + 1)
+    z = np.array([sequential.bound_multiplier(1.0 / k, 0.5, alpha) for k in n])
+    crossed = ((sums / n - z / np.sqrt(n)) > 0).any(axis=1).mean()
+    naive = ((sums / n - 1.645 / np.sqrt(n)) > 0).any(axis=1).mean()
+    assert crossed <= alpha, crossed
+    assert naive > 3 * alpha, naive
+
+
+def test_the_recording_step_is_found_and_ties_are_spread_over_it():
+    ms = np.array([4.0, 5.0, 5.0, 5.0, 6.0, 5.0, 4.0, 7.0])
+    ordered = sequential.Sorted(ms)
+
+    assert ordered.step == 1.0
+    assert sequential.resolution(np.array([1.234, 5.678, 2.5])) == 0.0  # continuous
+    # Two of eight below 4.5, four of eight on 5 (spread over 4.5-5.5): the median is 5.0.
+    assert ordered.quantile(0.5) == pytest.approx(5.0)
+    assert ordered.quantile(0.25) == pytest.approx(4.5)
+    # A sample median of tied data would not move; the spread quantile does.
+    slower = sequential.Sorted(np.array([4.0, 5.0, 5.0, 6.0, 6.0, 5.0, 5.0, 7.0]))
+    assert slower.quantile(0.5) > ordered.quantile(0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Latency
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_7_percent_slowdown_at_a_5_ms_median_in_whole_milliseconds_fails_and_never_passes():
+    # 2% beyond a 5% tolerance takes thousands of canary requests to show.
+    judgements = looks(np.random.default_rng(2), canary_n=15000, baseline_n=60000, scale=1.07)
+
+    assert not any(j.within for j in judgements)
+    assert judgements[-1].verdict == FAIL
+    median = metric(judgements[-1], "median")
+    assert judgements[-1].resolution_ms == 1.0
+    assert median.state == FAIL and median.low > math.log(1.05)
+    assert "slower" in judgements[-1].reasons[0] and "beyond it" in judgements[-1].reasons[0]
+
+
+def test_identical_versions_in_whole_milliseconds_are_shown_within_and_never_failed():
+    rng = np.random.default_rng(3)
+    ends = []
+    for _ in range(30):
+        judgements = looks(rng, canary_n=3000, baseline_n=6000, steps=6)
+        assert all(j.verdict != FAIL for j in judgements)
+        ends.append(judgements[-1].within)
+    assert sum(ends) >= 27, ends
+
+
+def test_a_gross_regression_is_failed_after_a_handful_of_requests():
+    rng = np.random.default_rng(4)
+    canary, baseline = latencies(rng, 200, 2.6), latencies(rng, 4000)
+
+    first = next(n for n in range(10, 201) if judge(arm(canary[:n]), arm(baseline), CONFIG).verdict == FAIL)
+
+    assert first <= 25, first
+
+
+def test_a_tolerance_finer_than_the_recording_step_is_said_and_never_passes():
+    """Sub-millisecond latencies recorded in whole milliseconds: the baseline's median is
+    below 1 ms, and 5% of it cannot be seen."""
+    rng = np.random.default_rng(5)
+    judgement = looks(rng, canary_n=5000, baseline_n=5000, median=0.6)[-1]
+
+    median = metric(judgement, "median")
+    assert median.state == "unresolved" and not judgement.within
+    assert "finer than the 1 ms the samples are recorded in" in median.note
+    assert judgement.verdict == INCONCLUSIVE
+
+
+def test_a_p99_regression_with_the_median_and_p95_unchanged_fails_on_the_tail():
+    rng = np.random.default_rng(6)
+    z_c = rng.standard_normal(8000)
+    ramp = np.clip((z_c - 1.81) / (2.326 - 1.81), 0, None)  # p96.5 upwards, +50% at p99
+    canary = 5.0 * np.exp(0.3 * z_c) * (1 + 0.5 * ramp)
+    baseline = latencies(rng, 30000, rounded=False)
+
+    judgement = judge(arm(canary), arm(baseline), CONFIG)
+
+    assert metric(judgement, "median").state != FAIL
+    assert np.quantile(canary, 0.95) == pytest.approx(np.quantile(baseline, 0.95), rel=0.03)
+    tail = metric(judgement, "tail")
+    assert judgement.verdict == FAIL and tail.state == FAIL and tail.low > math.log(1.2)
+
+
+def test_bounds_use_every_sample_so_they_narrow_as_requests_grow():
+    rng = np.random.default_rng(7)
+    widths = []
+    for n in (2000, 20000):
+        m = metric(judge(arm(latencies(rng, n)), arm(latencies(rng, n)), CONFIG), "median")
+        widths.append(m.high - m.low)
+    # Ten times the requests: about sqrt(10) narrower (the bound's log term grows a little).
+    assert 2.2 < widths[0] / widths[1] < 3.6, widths
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+
+def test_ten_times_the_errors_fails_though_the_rates_are_both_small():
+    judgements = looks(np.random.default_rng(8), canary_n=10000, baseline_n=40000,
+                       canary_errors=0.01, baseline_errors=0.001)
+
+    assert judgements[-1].verdict == FAIL
+    errors = metric(judgements[-1], "errors")
+    assert errors.state == FAIL and errors.low > CONFIG.error_tolerance_pct / 100
+    assert errors.canary == pytest.approx(0.01, abs=0.003)
+
+
+def _sample(status: int, latency: float, upstream: str = "200") -> Sample:
+    return Sample(0.0, 1, "v", False, status, latency, latency, 10, upstream, "a", "POST", "/", "r")
+
+
+def test_fast_failures_stay_out_of_the_latency_and_4xx_answers_are_counted_apart():
+    rng = np.random.default_rng(9)
+    base = [_sample(200, float(v)) for v in latencies(rng, 3000)]
+    # The canary: as fast as the baseline when it answers, and 20% of its requests fail in
+    # 1 ms; 10% more are the client's own 400s.
+    canary = ([_sample(200, float(v)) for v in latencies(rng, 2100)]
+              + [_sample(500, 1.0, "500")] * 600 + [_sample(400, 1.0, "400")] * 300)
+
+    judgement = judge_samples(canary, base, CONFIG)
+
+    median = metric(judgement, "median")
+    assert abs(median.estimate) < math.log(1.05)  # not "faster": failures are not latencies
+    errors = metric(judgement, "errors")
+    assert errors.canary == pytest.approx(600 / 3000) and errors.state == FAIL
+    assert judgement.client_errors == {"canary": 300, "baseline": 0}
+    timeouts = Arm.of([_sample(499, 30000.0, ""), _sample(200, 5.0), _sample(404, 2.0, "404")])
+    assert (timeouts.errors, timeouts.client_errors, len(timeouts.latencies)) == (1, 1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# The SLO gates and the verdict's consistency
+# --------------------------------------------------------------------------------------------
+
+
+def test_slo_gates_decide_on_bounds_not_on_a_noisy_point_estimate():
+    """A p99 ceiling 15% above the true p99 and 0.6% errors under a 1% ceiling: at 100
+    requests a look the point estimates cross them often; the bounds never do."""
+    rng = np.random.default_rng(10)
+    true_p99 = 5.0 * math.exp(0.3 * 2.326)
+    config = JudgeConfig(max_p99_ms=1.15 * true_p99, max_error_rate=1.0)
+    crossed_by_estimate = 0
+    for _ in range(200):
+        canary = latencies(rng, 100, rounded=False)
+        errors = int((rng.random(100) < 0.006).sum())
+        judgement = judge(arm(canary, errors), arm(latencies(rng, 1900, rounded=False)), config)
+        assert all(g.state != FAIL for g in judgement.gates), judgement.reasons
+        crossed_by_estimate += np.quantile(canary, 0.99) > 1.15 * true_p99 or errors > 1
+    assert crossed_by_estimate > 20
+    # A canary well over its ceiling is failed by the gate.
+    over = judge(arm(latencies(np.random.default_rng(11), 500, 2.0)), None, config)
+    assert over.verdict == FAIL and metric(over, "p99").state == FAIL
+    assert "SLO p99" in over.reasons[0]
+
+
+def test_every_verdict_agrees_with_its_own_bounds_on_tied_and_continuous_data():
+    rng = np.random.default_rng(12)
+    seen = set()
+    for scale in (0.9, 1.0, 1.03, 1.05, 1.07, 1.2):
+        for rounded in (True, False):
+            for j in looks(rng, canary_n=2000, baseline_n=8000, scale=scale, rounded=rounded,
+                           steps=5, canary_errors=0.002, baseline_errors=0.002):
+                shown = [m for m in j.metrics if m.low is not None]
+                if j.within:
+                    assert all(m.high <= m.tolerance for m in shown)
+                    assert j.verdict != FAIL
+                if j.verdict == FAIL:
+                    assert any(m.low > m.tolerance for m in shown + j.gates if m.low is not None)
+                    assert not j.within
+                seen.add((j.verdict, j.within))
+    assert {(FAIL, False), (INCONCLUSIVE, True)} <= seen
+
+
+def test_the_budget_is_split_over_the_tests_and_the_fresh_starts():
+    plain = JudgeConfig()
+    gated = JudgeConfig(max_p99_ms=50, max_error_rate=1, fresh_starts=2)
+
+    assert plain.alpha_per_test() == pytest.approx(0.05 / 3)
+    assert gated.alpha_per_test() == pytest.approx(0.05 / 2 / 5)
+    assert gated.alpha_per_test(with_baseline=False) == pytest.approx(0.05 / 2 / 2)
+    judgement = judge(arm(latencies(np.random.default_rng(13), 50)), None, gated)
+    assert judgement.alpha_per_test == pytest.approx(0.0125)
+    assert judgement.to_json()["gates"][0]["name"] == "p99"

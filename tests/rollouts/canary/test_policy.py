@@ -1,0 +1,53 @@
+"""How an analysis step ends (rollouts/canary/policy.py): the evidence windows with their
+warm-up, and what a look's judgement means for the step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+from rollouts.canary import policy
+from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, Judgement
+
+OPEN = Judgement(INCONCLUSIVE, False, ["median: not yet shown within"], 500, 9000, 0.0167, 1.0)
+WITHIN = replace(OPEN, within=True, reasons=["every metric is within its tolerance"])
+FAILED = replace(OPEN, verdict=FAIL, reasons=["median latency 40% slower: beyond it"])
+
+
+def end(judgement, **kw):
+    args = {"step_samples": 150, "min_samples": 100, "last": True, "planned_samples": 10000,
+            "elapsed_s": 30.0, "timeout_s": 900.0, **kw}
+    return policy.step_end(judgement, **args)
+
+
+def test_a_fail_ends_the_step_at_once_whatever_it_has_seen():
+    assert end(FAILED, step_samples=3)[0] == FAIL
+
+
+def test_a_step_passes_when_shown_within_but_not_before_its_minimum_at_this_weight():
+    assert end(WITHIN)[0] == PASS
+    ended, why = end(WITHIN, step_samples=40)
+    assert ended == policy.RUNNING and "40 of 100 canary requests at this weight" in why
+
+
+def test_an_earlier_step_goes_on_when_no_harm_is_shown_and_the_last_step_must_show_within():
+    ended, why = end(OPEN, last=False)
+    assert ended == PASS and "no regression" in why
+    assert end(OPEN, last=True)[0] == policy.RUNNING
+
+
+def test_the_plan_or_the_timeout_without_a_verdict_asks_a_person():
+    planned = replace(OPEN, canary_samples=10000)
+    assert end(planned)[0] == INCONCLUSIVE
+    ended, why = end(OPEN, elapsed_s=901.0)
+    assert ended == INCONCLUSIVE and "timeout 900 s" in why
+
+
+def test_the_evidence_leaves_out_each_steps_warm_up_and_what_fell_between_steps():
+    windows = [policy.StepWindow(100.0, 160.0, 2.0), policy.StepWindow(200.0, None, 2.0)]
+    samples = [SimpleNamespace(t=t) for t in (100.5, 101.9, 102.0, 159.9, 160.0, 180.0,
+                                              201.0, 202.5, 999.0)]
+
+    kept = [s.t for s in policy.evidence(samples, windows)]
+
+    assert kept == [102.0, 159.9, 202.5, 999.0]
