@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -44,8 +43,8 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rollouts.canary import judge as judging  # noqa: E402
-from rollouts.canary import policy  # noqa: E402
+from rollouts.canary import judge as judging
+from rollouts.canary import policy
 
 STEPS = [5, 25, 50]  # the default steps' weights, each followed by an analysis step
 DEFAULTS = {"min_samples": 100, "planned_samples": 10000, "timeout_s": 900, "warmup_s": 2.0}
@@ -201,7 +200,7 @@ def run_scenarios(names: list[str], runs: int, jobs: int) -> dict[str, dict]:
                 "contradictions": sum(r["contradictions"] for r in results),
                 "wall_s": round(time.time() - started, 1),
             }
-            print(f"  {name}: {out[name]}", file=sys.stderr)
+            print(f"  {name}: {out[name]}", file=sys.stderr, flush=True)  # noqa: T201
     return out
 
 
@@ -248,19 +247,18 @@ def main() -> None:
     table = run_scenarios(names, args.runs, args.jobs)
     s = summary(table)
     if args.json:
-        print(json.dumps({**s, "scenarios": table, "goals": dict(goals(s))}, indent=1))
+        print(json.dumps({**s, "scenarios": table, "goals": dict(goals(s))}, indent=1))  # noqa: T201
         return
-    print(f"{'scenario':<22} {'runs':>5} {'fail':>7} {'fail<=':>7} {'pass':>7} {'inconcl':>7} "
-          f"{'median s':>9} {'fail s':>7} {'contra':>6}")
+    out = [f"{'scenario':<22} {'runs':>5} {'fail':>7} {'fail<=':>7} {'pass':>7} {'inconcl':>7} "
+           f"{'median s':>9} {'fail s':>7} {'contra':>6}"]
     for name, r in table.items():
         fail_s = "-" if r["median_fail_s"] is None else f"{r['median_fail_s']:.0f}"
-        print(f"{name:<22} {r['runs']:>5} {r['fail']:>7.1%} {r['fail_upper95']:>7.1%} "
-              f"{r['pass']:>7.1%} {r['inconclusive']:>7.1%} {r['median_s']:>9.0f} {fail_s:>7} "
-              f"{r['contradictions']:>6}")
-    print()
-    for text, ok in goals(s):
-        print(f"  {'met ' if ok else 'MISS'} {text}")
-
+        out.append(f"{name:<22} {r['runs']:>5} {r['fail']:>7.1%} {r['fail_upper95']:>7.1%} "
+                   f"{r['pass']:>7.1%} {r['inconclusive']:>7.1%} {r['median_s']:>9.0f} "
+                   f"{fail_s:>7} {r['contradictions']:>6}")
+    out.append("")
+    out.extend(f"  {'met ' if ok else 'MISS'} {text}" for text, ok in goals(s))
+    print("\n".join(out))  # noqa: T201
 
 if __name__ == "__main__":
     main()

@@ -40,8 +40,8 @@ Three measurements:
    and a canary of ``planned_samples`` each, the canary 10% slower (each latency made 10%
    longer and recorded at nginx's millisecond resolution again, which moves p95 by 10%), and
    judged by ``rollouts.canary.judge.judge`` through the looks the reconciler makes (the samples
-   growing by what one tick of the A/A runs added, ``spent`` carried over); the share that
-   ended ``fail``. The same without the shift gives the false-alarm rate.
+   growing by what one tick of the A/A runs added; its bounds hold at every look); the share
+   that ended ``fail``. ``bench/judge.py`` measures the whole decision by simulation. The same without the shift gives the false-alarm rate.
 """
 
 from __future__ import annotations
@@ -319,9 +319,9 @@ def run_canary(world: World, rec: Reconciler, number: int, weight: int,
         judged = row.judgement or {}
         result["canary_samples"] = judged.get("canary_samples", 0)
         result["baseline_samples"] = judged.get("baseline_samples", 0)
-        latency = (judged.get("latency") or {})
-        if latency:
-            result["shift_pct"] = latency.get("shift_pct", {}).get("estimate")
+        median = next((m for m in judged.get("metrics") or [] if m.get("name") == "median"), None)
+        if median and median.get("shown"):
+            result["shift_pct"] = median["shown"].get("estimate")
     return result
 
 
@@ -338,11 +338,10 @@ def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: 
     from rollouts.canary import judge as judge_module
 
     config = judge_module.JudgeConfig(
-        planned_samples=analysis["planned_samples"], min_samples=analysis["min_samples"],
         latency_tolerance_pct=analysis["latency_tolerance_pct"],
         error_tolerance_pct=analysis["error_tolerance_pct"], alpha=analysis["alpha"],
     )
-    planned = config.planned_samples
+    planned = analysis["planned_samples"]
     sizes = sorted({min(k * per_look, planned) for k in range(1, math.ceil(planned / per_look) + 1)})
     values = np.asarray(pool, dtype=float)
     quantized = bool(np.all(values == np.round(values)))  # nginx's request_time: whole ms
@@ -357,10 +356,9 @@ def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: 
             # Quantized: a request of [x, x+1) ms made `shift` times longer, recorded in ms.
             cand = (np.floor((cand + rng.random(planned)) * shift) if quantized
                     else cand * shift)
-        spent = 0.0
         for look, n in enumerate(sizes, 1):
-            j = judge_module.judge(cand[:n], 0, base[:n], 0, config, spent_before=spent)
-            spent = j.spent
+            j = judge_module.judge(judge_module.Arm(cand[:n], 0, 0),
+                                   judge_module.Arm(base[:n], 0, 0), config)
             if j.verdict == judge_module.FAIL:
                 fails += 1
                 looks_to_fail.append(look)

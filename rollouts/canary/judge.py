@@ -169,12 +169,11 @@ class Metric:
         percent slower, a rate's in percentage points (the rates in percent), a gate's
         latency in ms; ``canary`` and ``baseline`` in ms or percent."""
         if self.unit == "log-ratio":
-            change, unit, side = _pct, "%", (lambda v: v)
+            change, side, unit = _pct, _same, "%"
         elif self.unit == "log-ms":
-            change, unit, side = (lambda v: None if v is None else math.exp(v)), "ms", (lambda v: v)
+            change, side, unit = _exp, _same, "ms"
         else:
-            change, unit = (lambda v: None if v is None else 100 * v), "points" if self.name == "errors" else "%"
-            side = (lambda v: None if v is None else 100 * v)
+            change, side, unit = _percent, _percent, "points" if self.name == "errors" else "%"
         return {"estimate": change(self.estimate), "low": change(self.low),
                 "high": change(self.high), "tolerance": change(self.tolerance), "unit": unit,
                 "canary": side(self.canary), "baseline": side(self.baseline)}
@@ -251,6 +250,18 @@ def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
 
 def _pct(log_ratio: float | None) -> float | None:
     return None if log_ratio is None else 100 * math.expm1(log_ratio)
+
+
+def _exp(value: float | None) -> float | None:
+    return None if value is None else math.exp(value)
+
+
+def _percent(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
+def _same(value: float | None) -> float | None:
+    return value
 
 
 def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: sequential.Sorted,

@@ -93,7 +93,7 @@ def resolution(values: np.ndarray) -> float:
 class Sorted:
     """Values sorted once, with their recording step, for every quantile asked of them."""
 
-    __slots__ = ("values", "step", "distinct", "below", "counts")
+    __slots__ = ("below", "counts", "distinct", "step", "values")
 
     def __init__(self, values: np.ndarray, step: float | None = None) -> None:
         self.values = np.sort(np.asarray(values, dtype=float))

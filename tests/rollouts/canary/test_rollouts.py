@@ -10,7 +10,6 @@ regression the judge has to find in real latencies.
 from __future__ import annotations
 
 import math
-
 import os
 import signal
 import threading
