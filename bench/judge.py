@@ -14,7 +14,10 @@ settings, looked at every second:
 * latency shaped like a Triton model's: log-normal around 5 ms (sigma 0.3); *rounded* scenarios record it as nginx does,
   in whole milliseconds between two clock reads (``floor(latency + phase)``, the phase
   uniform), so ties and rounding are exercised;
-* errors: 0.1% of requests on both sides unless the scenario changes the canary's.
+* errors: 0.1% of requests on both sides unless the scenario changes the canary's;
+* the analysis settings are the product's defaults (``rollouts.canary.policy``), with the
+  demo deployments' SLO as the gates (p99 at most 50 ms, errors at most 1%); ``aa-slo-tight``
+  sets the p99 ceiling 15% above the true p99.
 
 Each run ends ``fail`` (rolled back), ``pass`` (promoted) or ``inconclusive`` (a person asked).
 The table gives, per scenario, the share of each, the 95% upper bound of the fail share
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -47,12 +51,13 @@ from rollouts.canary import judge as judging
 from rollouts.canary import policy
 
 STEPS = [5, 25, 50]  # the default steps' weights, each followed by an analysis step
-DEFAULTS = {"min_samples": 100, "planned_samples": 10000, "timeout_s": 900, "warmup_s": 2.0}
+# The product's defaults, with the demo deployments' SLO as the gates (p99 50 ms, 1% errors).
+DEFAULTS = {**policy.ANALYSIS_DEFAULTS, "max_p99_ms": 50.0, "max_error_rate": 1.0}
 BASE_MEDIAN_MS = 5.0
 SIGMA = 0.3
 BASE_ERRORS = 0.001
 RATE = 75.0
-MAX_SECONDS = 1200
+MAX_SECONDS = 4 * 3600  # past every step's timeout
 Z99 = stats.norm.ppf(0.99)
 Z_TAIL_START = 1.81  # p96.5: the p99-only regression leaves p95 where it was
 
@@ -69,6 +74,7 @@ class Scenario:
     onset_s: float = 0.0  # the regression starts this long after the canary's first request
     cold_s: float = 0.0  # the canary is 3x slower for its first seconds
     bad: bool = True  # a fail is the right answer
+    settings: dict = field(default_factory=dict)  # analysis settings over the defaults
 
     def latency(self, rng: np.random.Generator, n: int, canary: bool, since_start: float) -> np.ndarray:
         z = rng.standard_normal(n)
@@ -91,6 +97,8 @@ SCENARIOS = {s.name: s for s in [
     Scenario("aa-low-traffic", traffic=(5, 20), bad=False),
     Scenario("aa-high-traffic", traffic=(50, 500), bad=False),
     Scenario("aa-errors-0.6%", canary_errors=0.006, base_errors=0.006, bad=False),
+    Scenario("aa-slo-tight", bad=False,
+             settings={"max_p99_ms": 1.15 * BASE_MEDIAN_MS * math.exp(SIGMA * 2.3263)}),
     Scenario("median+3%", median_factor=1.03, bad=False),
     Scenario("median+5%", median_factor=1.05),
     Scenario("median+7%", median_factor=1.07),
@@ -107,20 +115,35 @@ AA = [name for name in SCENARIOS if name.startswith("aa-")]
 DETECTION_GOALS = ["median+10%", "p99+50%", "errors-0.1%-1%"]
 
 
-@dataclass
 class Side:
-    latencies: list = field(default_factory=list)
-    times: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
+    """One side's requests so far: finish times, latencies and error flags, in buffers that
+    grow by doubling (a look reads views of them, not copies of lists)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.t = np.empty(1024)
+        self.latency = np.empty(1024)
+        self.error = np.empty(1024, dtype=bool)
+
+    def add(self, t: np.ndarray, latency: np.ndarray, error: np.ndarray) -> None:
+        end = self.n + len(t)
+        if end > len(self.t):
+            size = max(end, 2 * len(self.t))
+            for name in ("t", "latency", "error"):
+                old = getattr(self, name)
+                grown = np.empty(size, dtype=old.dtype)
+                grown[:self.n] = old[:self.n]
+                setattr(self, name, grown)
+        self.t[self.n:end], self.latency[self.n:end], self.error[self.n:end] = t, latency, error
+        self.n = end
 
 
 def _arm(side: Side, windows: list[policy.StepWindow]) -> judging.Arm:
-    t = np.asarray(side.times)
-    keep = np.zeros(len(t), dtype=bool)
+    t = side.t[:side.n]
+    keep = np.zeros(side.n, dtype=bool)
     for w in windows:
         keep |= (t >= w.start + w.warmup_s) & ((t < w.end) if w.end is not None else True)
-    lat = np.asarray(side.latencies)[keep]
-    err = np.asarray(side.errors, dtype=bool)[keep]
+    lat, err = side.latency[:side.n][keep], side.error[:side.n][keep]
     return judging.Arm(lat[~err], int(err.sum()), 0)
 
 
@@ -128,7 +151,7 @@ def one_run(name: str, seed: int) -> dict:
     """One simulated rollout: its end, seconds to it, and contradictions seen."""
     sc = SCENARIOS[name]
     rng = np.random.default_rng(seed)
-    config = judging.JudgeConfig(max_p99_ms=None, max_error_rate=None)
+    config = policy.judge_config({**DEFAULTS, **sc.settings})
     canary, base = Side(), Side()
     windows: list[policy.StepWindow] = []
     contradictions = 0
@@ -143,12 +166,12 @@ def one_run(name: str, seed: int) -> dict:
             n = (int(rng.integers(sc.traffic[0], sc.traffic[1] + 1)) if sc.traffic
                  else int(rng.poisson(RATE)))
             n_c = int(rng.binomial(n, weight / 100))
-            for side, count, is_canary, error_rate in ((canary, n_c, True, sc.canary_errors),
-                                                      (base, n - n_c, False, sc.base_errors)):
+            for side, count, is_canary in ((canary, n_c, True), (base, n - n_c, False)):
                 if count:
-                    side.latencies.extend(sc.latency(rng, count, is_canary, now))
-                    side.times.extend(now + rng.random(count))
-                    side.errors.extend(rng.random(count) < (error_rate if (not is_canary or now >= sc.onset_s) else sc.base_errors))
+                    rate = (sc.canary_errors if is_canary and now >= sc.onset_s
+                            else sc.base_errors)
+                    side.add(now + rng.random(count), sc.latency(rng, count, is_canary, now),
+                             rng.random(count) < rate)
             now += 1.0
             c_arm, b_arm = _arm(canary, windows), _arm(base, windows)
             step_arm = _arm(canary, windows[-1:])

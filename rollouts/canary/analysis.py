@@ -25,43 +25,10 @@ from rollouts.traffic import sample_types, samples
 log = logging.getLogger(__name__)
 Verdict = RolloutAnalysis.Verdict
 
-# How analyses judge, unless the rollout (or the step) says otherwise (see
-# rollouts.canary.judge and rollouts.canary.policy for what each means). ``max_p99_ms`` and
-# ``max_error_rate`` default to the deployment's SLO.
-ANALYSIS_DEFAULTS: dict[str, Any] = {
-    "planned_samples": 10000,
-    "min_samples": 100,
-    "latency_tolerance_pct": 5.0,
-    "tail_tolerance_pct": 20.0,
-    "error_tolerance_pct": 0.2,
-    "error_ratio_pct": 100.0,
-    "alpha": 0.05,
-    "warmup_s": 2.0,
-    "failure_limit": 0,
-    "timeout_s": 900,
-    "max_p50_ms": None,
-    "max_p95_ms": None,
-    "max_p99_ms": None,
-    "max_error_rate": None,
-}
-# The range and type of each analysis setting: parse_analysis refuses outside them, and the
-# API's schema states them.
-ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
-    "planned_samples": (10, 10_000_000, int),
-    "min_samples": (10, 10_000_000, int),
-    "latency_tolerance_pct": (0, 1000, float),
-    "tail_tolerance_pct": (0, 1000, float),
-    "error_tolerance_pct": (0, 100, float),
-    "error_ratio_pct": (0, 10_000, float),
-    "alpha": (0.0001, 0.4999, float),
-    "warmup_s": (0, 3600, float),
-    "failure_limit": (0, 1000, int),
-    "timeout_s": (1, 7 * 24 * 3600, int),
-    "max_p50_ms": (0.001, 3_600_000, float),
-    "max_p95_ms": (0.001, 3_600_000, float),
-    "max_p99_ms": (0.001, 3_600_000, float),
-    "max_error_rate": (0, 100, float),
-}
+# How analyses judge, and the range of each setting: with the decision they tune
+# (rollouts.canary.policy), where the bench reads them too.
+ANALYSIS_DEFAULTS = policy.ANALYSIS_DEFAULTS
+ANALYSIS_LIMITS = policy.ANALYSIS_LIMITS
 # The candidate's requests failing upstream (no answer, 502, 504) over this many seconds, at
 # least UPSTREAM_MIN of them and at least UPSTREAM_SHARE of its requests: its server is down.
 UPSTREAM_WINDOW_S = 3.0
@@ -178,19 +145,6 @@ def health_problem(rollout: Rollout, watched: list[ModelVersion]) -> tuple[str, 
 # --------------------------------------------------------------------------------------------
 
 
-def judge_config(config: dict[str, Any]) -> judge.JudgeConfig:
-    """The judge's settings from an analysis's."""
-    return judge.JudgeConfig(
-        latency_tolerance_pct=config["latency_tolerance_pct"],
-        tail_tolerance_pct=config["tail_tolerance_pct"],
-        error_tolerance_pct=config["error_tolerance_pct"],
-        error_ratio_pct=config["error_ratio_pct"], alpha=config["alpha"],
-        fresh_starts=config["failure_limit"] + 1,
-        max_p50_ms=config.get("max_p50_ms"), max_p95_ms=config.get("max_p95_ms"),
-        max_p99_ms=config.get("max_p99_ms"), max_error_rate=config.get("max_error_rate"),
-    )
-
-
 def analysis_row(rollout: Rollout, config: dict[str, Any]) -> RolloutAnalysis:
     """The record of the analysis of the rollout's current step (this attempt's), made at its
     first look: its window starts then."""
@@ -243,7 +197,7 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     evidence = policy.evidence(canary, windows)
     judgement = judge.judge_samples(
         evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
-        judge_config(config))
+        policy.judge_config(config))
     ended, headline = policy.step_end(
         judgement, step_samples=len(policy.evidence(canary, windows[-1:])),
         min_samples=config["min_samples"], last=last or row.weight >= 100,

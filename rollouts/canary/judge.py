@@ -339,9 +339,9 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
         b_sorted = sequential.Sorted(baseline.latencies)
         step = max(step, b_sorted.step)
         if c_sorted.step != step:
-            c_sorted = sequential.Sorted(canary.latencies, step)
+            c_sorted = c_sorted.with_step(step)
         if b_sorted.step != step:
-            b_sorted = sequential.Sorted(baseline.latencies, step)
+            b_sorted = b_sorted.with_step(step)
         metrics = [
             quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct, alpha),
             quantile_ratio("tail", 0.99, c_sorted, b_sorted, config.tail_tolerance_pct, alpha),

@@ -28,9 +28,60 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, Judgement
+from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, JudgeConfig, Judgement
 
 RUNNING = "running"
+
+# How analyses judge, unless the rollout (or the step) says otherwise (see
+# rollouts.canary.judge and this module for what each means). ``max_p99_ms`` and
+# ``max_error_rate`` default to the deployment's SLO.
+ANALYSIS_DEFAULTS: dict[str, Any] = {
+    "planned_samples": 10000,
+    "min_samples": 100,
+    "latency_tolerance_pct": 5.0,
+    "tail_tolerance_pct": 20.0,
+    "error_tolerance_pct": 0.2,
+    "error_ratio_pct": 100.0,
+    "alpha": 0.05,
+    "warmup_s": 2.0,
+    "failure_limit": 0,
+    "timeout_s": 3600,
+    "max_p50_ms": None,
+    "max_p95_ms": None,
+    "max_p99_ms": None,
+    "max_error_rate": None,
+}
+# The range and type of each analysis setting: parse_analysis refuses outside them, and the
+# API's schema states them.
+ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
+    "planned_samples": (10, 10_000_000, int),
+    "min_samples": (10, 10_000_000, int),
+    "latency_tolerance_pct": (0, 1000, float),
+    "tail_tolerance_pct": (0, 1000, float),
+    "error_tolerance_pct": (0, 100, float),
+    "error_ratio_pct": (0, 10_000, float),
+    "alpha": (0.0001, 0.4999, float),
+    "warmup_s": (0, 3600, float),
+    "failure_limit": (0, 1000, int),
+    "timeout_s": (1, 7 * 24 * 3600, int),
+    "max_p50_ms": (0.001, 3_600_000, float),
+    "max_p95_ms": (0.001, 3_600_000, float),
+    "max_p99_ms": (0.001, 3_600_000, float),
+    "max_error_rate": (0, 100, float),
+}
+
+
+def judge_config(config: dict[str, Any]) -> JudgeConfig:
+    """The judge's settings from an analysis's."""
+    return JudgeConfig(
+        latency_tolerance_pct=config["latency_tolerance_pct"],
+        tail_tolerance_pct=config["tail_tolerance_pct"],
+        error_tolerance_pct=config["error_tolerance_pct"],
+        error_ratio_pct=config["error_ratio_pct"], alpha=config["alpha"],
+        fresh_starts=config["failure_limit"] + 1,
+        max_p50_ms=config.get("max_p50_ms"), max_p95_ms=config.get("max_p95_ms"),
+        max_p99_ms=config.get("max_p99_ms"), max_error_rate=config.get("max_error_rate"),
+    )
 
 
 @dataclass(frozen=True)

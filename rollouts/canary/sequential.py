@@ -78,10 +78,11 @@ def resolution(values: np.ndarray) -> float:
     ``request_time`` in seconds read as ms), or 0.0 when they look continuous: a step is found
     when the values fall on a grid of their smallest gap and repeat (fewer distinct values than
     half the count)."""
-    if len(values) < 2:
-        return 0.0
-    distinct = np.unique(values)
-    if len(distinct) < 2 or len(distinct) * 2 > len(values):
+    return _step_of(np.unique(values), len(values))
+
+
+def _step_of(distinct: np.ndarray, n: int) -> float:
+    if n < 2 or len(distinct) < 2 or len(distinct) * 2 > n:
         return 0.0
     step = float(np.min(np.diff(distinct)))
     if step <= 0:
@@ -91,26 +92,35 @@ def resolution(values: np.ndarray) -> float:
 
 
 class Sorted:
-    """Values sorted once, with their recording step, for every quantile asked of them."""
+    """Values sorted once (as distinct values and their counts), with their recording step,
+    for every quantile asked of them."""
 
-    __slots__ = ("below", "counts", "distinct", "step", "values")
+    __slots__ = ("values", "step", "distinct", "below", "counts", "_n")
 
     def __init__(self, values: np.ndarray, step: float | None = None) -> None:
-        self.values = np.sort(np.asarray(values, dtype=float))
-        self.step = resolution(self.values) if step is None else step
-        if self.step > 0 and len(self.values):
-            self.distinct, self.counts = np.unique(self.values, return_counts=True)
-            self.below = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
-        else:
-            self.distinct = self.counts = self.below = np.empty(0)
+        self.distinct, self.counts = np.unique(np.asarray(values, dtype=float), return_counts=True)
+        n = int(self.counts.sum())
+        self.step = _step_of(self.distinct, n) if step is None else step
+        self.below = np.concatenate(([0], np.cumsum(self.counts)[:-1])) if n else self.counts
+        self.values = np.repeat(self.distinct, self.counts) if self.step <= 0 else self.distinct
+        self._n = n
+
+    def with_step(self, step: float) -> Sorted:
+        """The same values read with another recording step (the other side's coarser one)."""
+        other = object.__new__(Sorted)
+        other.distinct, other.counts, other.below, other._n = (
+            self.distinct, self.counts, self.below, self._n)
+        other.step = step
+        other.values = np.repeat(self.distinct, self.counts) if step <= 0 else self.distinct
+        return other
 
     def __len__(self) -> int:
-        return len(self.values)
+        return self._n
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile; tied values spread evenly over their recording step (a value
         ``v`` stands for ``[v - step/2, v + step/2)``, never below 0)."""
-        n = len(self.values)
+        n = self._n
         q = min(max(q, 0.0), 1.0)
         if self.step <= 0:
             return float(np.quantile(self.values, q))
@@ -126,7 +136,7 @@ class Sorted:
         """Woodruff's standard error of the ``q`` quantile, or None when the values are too
         few to trust it (fewer than :data:`MIN_FOR_QUANTILE`, or fewer than
         :data:`TAIL_COUNT` above ``q``)."""
-        n = len(self.values)
+        n = self._n
         if n < MIN_FOR_QUANTILE or n * (1 - q) < TAIL_COUNT:
             return None
         z = 1.959963984540054

@@ -59,7 +59,8 @@ from rollouts.traffic.sample_types import (
 
 log = logging.getLogger(__name__)
 
-KEEP_S = 15 * 60
+# An hour: the longest an analysis runs by default (its timeout_s), so its evidence is kept.
+KEEP_S = 60 * 60
 MAX_PER_VARIANT = 100_000
 MAX_FUTURE_S = 60.0  # a sample dated further ahead comes from a clock that is wrong
 PERCENTILES = (("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99))
@@ -70,7 +71,7 @@ COUNTERS = (
 
 
 def keep_s() -> int:
-    """Seconds of samples kept (SWITCHYARD_SAMPLES_KEEP_S, default 900)."""
+    """Seconds of samples kept (SWITCHYARD_SAMPLES_KEEP_S, default 3600)."""
     return int(getattr(settings, "SWITCHYARD_SAMPLES_KEEP_S", KEEP_S))
 
 

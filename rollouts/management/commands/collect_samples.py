@@ -35,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=BATCH_SIZE,
                             help="write a batch once it holds this many lines (500)")
         parser.add_argument("--keep-s", type=int, default=samples.keep_s(),
-                            help="seconds of samples kept (SWITCHYARD_SAMPLES_KEEP_S, 900)")
+                            help="seconds of samples kept (SWITCHYARD_SAMPLES_KEEP_S, 3600)")
         parser.add_argument(
             "--max-per-variant", type=int, default=samples.max_per_variant(),
             help="samples kept per variant at most (SWITCHYARD_SAMPLES_MAX_PER_VARIANT, 100000)",
