@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -53,13 +52,22 @@ from rollouts.canary import policy
 STEPS = [5, 25, 50]  # the default steps' weights, each followed by an analysis step
 # The product's defaults, with the demo deployments' SLO as the gates (p99 50 ms, 1% errors).
 DEFAULTS = {**policy.ANALYSIS_DEFAULTS, "max_p99_ms": 50.0, "max_error_rate": 1.0}
-BASE_MEDIAN_MS = 5.0
-SIGMA = 0.3
+DATA = json.loads((Path(__file__).resolve().parent / "data" / "demo_latency.json").read_text())
+# The demo's latency as a continuous distribution: each recorded millisecond value v stands
+# for [v - 0.5, v + 0.5); its quantile function is piecewise linear over those edges.
+_MS, _COUNT = np.asarray(DATA["ms"]), np.asarray(DATA["count"], dtype=float)
+EDGES = np.concatenate(([_MS[0] - 0.5], _MS + 0.5))
+CDF = np.concatenate(([0.0], np.cumsum(_COUNT) / _COUNT.sum()))
+
+
+def demo_quantile(u: np.ndarray | float) -> np.ndarray:
+    return np.interp(u, CDF, EDGES)
+
+
 BASE_ERRORS = 0.001
 RATE = 75.0
 MAX_SECONDS = 4 * 3600  # past every step's timeout
-Z99 = stats.norm.ppf(0.99)
-Z_TAIL_START = 1.81  # p96.5: the p99-only regression leaves p95 where it was
+TAIL_START = 0.965  # the p99-only regression starts above p96.5, so p95 stays where it was
 
 
 @dataclass(frozen=True)
@@ -77,12 +85,12 @@ class Scenario:
     settings: dict = field(default_factory=dict)  # analysis settings over the defaults
 
     def latency(self, rng: np.random.Generator, n: int, canary: bool, since_start: float) -> np.ndarray:
-        z = rng.standard_normal(n)
-        x = BASE_MEDIAN_MS * np.exp(SIGMA * z)
+        u = rng.random(n)
+        x = demo_quantile(u)
         if canary and since_start >= self.onset_s:
             x = x * self.median_factor
             if self.p99_factor != 1.0:
-                ramp = np.clip((z - Z_TAIL_START) / (Z99 - Z_TAIL_START), 0, None)
+                ramp = np.clip((u - TAIL_START) / (0.99 - TAIL_START), 0, None)
                 x = x * (1 + (self.p99_factor - 1) * ramp)
         if canary and since_start < self.cold_s:
             x = x * 3.0
@@ -98,7 +106,7 @@ SCENARIOS = {s.name: s for s in [
     Scenario("aa-high-traffic", traffic=(50, 500), bad=False),
     Scenario("aa-errors-0.6%", canary_errors=0.006, base_errors=0.006, bad=False),
     Scenario("aa-slo-tight", bad=False,
-             settings={"max_p99_ms": 1.15 * BASE_MEDIAN_MS * math.exp(SIGMA * 2.3263)}),
+             settings={"max_p99_ms": 1.15 * float(demo_quantile(0.99))}),
     Scenario("median+3%", median_factor=1.03, bad=False),
     Scenario("median+5%", median_factor=1.05),
     Scenario("median+7%", median_factor=1.07),

@@ -1,6 +1,12 @@
 """The numbers of an A/B split: each variant against the reference, with p50, p95 and error-rate
-differences, their intervals, and whether the sample could see the effect the team set. Plain
-numpy and scipy; the A/B verdict (:func:`rollouts.canary.analysis.ab_verdict`) reads them."""
+differences, their intervals, and whether the sample could see the effect the team set; and the
+verdict they add up to (:func:`verdict`), where a difference counts only when its interval lies
+beyond the minimum effect the team set. Plain numpy and scipy; the A/B verdict of a rollout
+(:func:`rollouts.canary.analysis.ab_verdict`) applies them.
+
+An A/B split is judged once, at its end, so its intervals are fixed-sample ones; each is drawn
+at ``1 - alpha / (3 x comparisons)`` (three metrics per variant against the reference), so an
+A/A split says "no difference" at least ``1 - alpha`` of the time, whatever the sample."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from rollouts.canary import sequential
 from rollouts.canary.judge import Interval, compare_errors
 
 
@@ -30,16 +37,16 @@ class VariantDifference:
     more_needed: int  # requests per variant still needed for that (0 when enough)
 
 
-def bootstrap_quantile_difference(a: np.ndarray, b: np.ndarray, q: float, confidence: float,
-                                  rng: np.random.Generator, rounds: int = 400) -> Interval:
-    """The difference of the ``q`` quantiles (a - b) with a percentile bootstrap interval."""
-    estimate = float(np.quantile(a, q) - np.quantile(b, q))
-    ra = rng.choice(a, size=(rounds, len(a)), replace=True)
-    rb = rng.choice(b, size=(rounds, len(b)), replace=True)
-    diffs = np.quantile(ra, q, axis=1) - np.quantile(rb, q, axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(diffs, [tail, 1 - tail])
-    return Interval(estimate, float(low), float(high))
+def quantile_difference(a: sequential.Sorted, b: sequential.Sorted, q: float,
+                        confidence: float) -> Interval:
+    """The difference of the ``q`` quantiles (a - b), resolution-aware, with a normal interval
+    on Woodruff's standard errors (for any sample size, without resampling it)."""
+    estimate = a.quantile(q) - b.quantile(q)
+    se_a, se_b = a.quantile_se(q), b.quantile_se(q)
+    if se_a is None or se_b is None:
+        return Interval(estimate, -math.inf, math.inf)
+    half = stats.norm.isf((1 - confidence) / 2) * math.hypot(se_a, se_b)
+    return Interval(estimate, estimate - half, estimate + half)
 
 
 def samples_needed(baseline_ms: Sequence[float], effect_pct: float, alpha: float = 0.05,
@@ -63,26 +70,49 @@ def ab_difference(
     variant: str, variant_ms: Sequence[float], variant_errors: int,
     reference: str, reference_ms: Sequence[float], reference_errors: int,
     *, effect_pct: float = 5.0, alpha: float = 0.05, power: float = 0.8,
-    confidence: float = 0.95, seed: int = 0,
+    confidence: float = 0.95,
 ) -> VariantDifference:
     """The A/B verdict's numbers for ``variant`` against ``reference``: differences of p50,
-    p95 and error rate with intervals, and whether the sample was large enough to see an
-    ``effect_pct`` shift (and how many more requests a variant it needs if not)."""
+    p95 and error rate with intervals at ``confidence``, and whether the sample was large
+    enough to see an ``effect_pct`` shift (and how many more requests a variant it needs if
+    not). ``*_ms``: the answered requests' latencies; ``*_errors``: the failed requests."""
     a = np.asarray(variant_ms, dtype=float)
     b = np.asarray(reference_ms, dtype=float)
     if len(a) < 2 or len(b) < 2:
         raise ValueError("each variant needs at least 2 samples")
-    rng = np.random.default_rng(seed)
-    errors = compare_errors(variant_errors, len(a), reference_errors, len(b), confidence)
+    step = max(sequential.resolution(a), sequential.resolution(b))
+    sa, sb = sequential.Sorted(a, step), sequential.Sorted(b, step)
+    errors = compare_errors(variant_errors, len(a) + variant_errors, reference_errors,
+                            len(b) + reference_errors, confidence)
     test = stats.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
     needed = samples_needed(b, effect_pct, alpha, power)
     have = min(len(a), len(b))
     return VariantDifference(
         variant=variant, reference=reference, samples=len(a), reference_samples=len(b),
-        p50_diff_ms=bootstrap_quantile_difference(a, b, 0.50, confidence, rng),
-        p95_diff_ms=bootstrap_quantile_difference(a, b, 0.95, confidence, rng),
+        p50_diff_ms=quantile_difference(sa, sb, 0.50, confidence),
+        p95_diff_ms=quantile_difference(sa, sb, 0.95, confidence),
         error_diff_pct=errors.difference_pct,
         latency_p_value=float(test.pvalue),
         enough=have >= needed,
         more_needed=max(needed - have, 0),
     )
+
+
+def classify(diff: VariantDifference, reference_p50_ms: float, reference_p95_ms: float,
+             min_effect_pct: float, min_error_points: float) -> str:
+    """``better``, ``worse``, ``mixed`` or ``none``: a metric counts as better (worse) only when
+    its whole interval lies beyond the minimum effect: ``min_effect_pct`` of the reference's
+    p50 or p95, ``min_error_points`` percentage points of errors."""
+    p50_margin = min_effect_pct / 100 * reference_p50_ms
+    p95_margin = min_effect_pct / 100 * reference_p95_ms
+    p50, p95, err = diff.p50_diff_ms, diff.p95_diff_ms, diff.error_diff_pct
+    slower = p50.low > p50_margin or p95.low > p95_margin
+    faster = p50.high < -p50_margin or p95.high < -p95_margin
+    more_errors, fewer_errors = err.low > min_error_points, err.high < -min_error_points
+    if (slower or more_errors) and not (faster or fewer_errors):
+        return "worse"
+    if (faster or fewer_errors) and not (slower or more_errors):
+        return "better"
+    if slower or faster or more_errors or fewer_errors:
+        return "mixed"
+    return "none"

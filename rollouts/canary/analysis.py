@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any
 
+import numpy as np
 from django.utils import timezone
 
 from console.exceptions import DomainError
@@ -227,7 +228,7 @@ def gates_json(judgement: judge.Judgement) -> dict[str, Any]:
     rows = []
     for g in judgement.gates:
         if g.unit == "log-ms":
-            shown = [None if v is None else math.exp(v) for v in (g.estimate, g.low, g.high)]
+            shown = [None if v is None else math.exp(min(v, 700.0)) for v in (g.estimate, g.low, g.high)]
             limit = math.exp(g.tolerance)
         else:
             shown = [None if v is None else 100 * v for v in (g.estimate, g.low, g.high)]
@@ -264,38 +265,32 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
     ``latency_tolerance_pct``), how many more requests it needs if not, and a summary."""
     config = analysis_config(rollout)
     reference = rollout.baseline.version
-    ref = by_version.get(reference, [])
+    ref = judge.Arm.of(by_version.get(reference, []))
+    comparisons = max(len(rollout.variants) - 1, 1)
+    confidence = 1 - config["alpha"] / (3 * comparisons)
     rows = []
     for item in rollout.variants[1:]:
         number = item["version"]
-        found = by_version.get(number, [])
-        if len(found) < 2 or len(ref) < 2:
-            rows.append({"version": number, "samples": len(found), "reference_samples": len(ref),
+        found = judge.Arm.of(by_version.get(number, []))
+        if len(found.latencies) < 2 or len(ref.latencies) < 2:
+            rows.append({"version": number, "samples": found.total, "reference_samples": ref.total,
                          "enough": False, "difference": "unknown",
                          "note": "too few requests to compare"})
             continue
         diff = abtest.ab_difference(
-            f"v{number}", [s.latency_ms for s in found], sum(s.is_error for s in found),
-            f"v{reference}", [s.latency_ms for s in ref], sum(s.is_error for s in ref),
-            effect_pct=max(config["latency_tolerance_pct"], 0.1), alpha=config["alpha"],
+            f"v{number}", found.latencies, found.errors, f"v{reference}", ref.latencies,
+            ref.errors, effect_pct=max(config["latency_tolerance_pct"], 0.1),
+            alpha=config["alpha"], confidence=confidence,
         )
-        data = dataclasses.asdict(diff)
-        p50, p95, err = diff.p50_diff_ms, diff.p95_diff_ms, diff.error_diff_pct
-        slower = p50.low > 0 or p95.low > 0
-        faster = p50.high < 0 or p95.high < 0
-        more_errors, fewer_errors = err.low > 0, err.high < 0
-        if (slower or more_errors) and not (faster or fewer_errors):
-            difference = "worse"
-        elif (faster or fewer_errors) and not (slower or more_errors):
-            difference = "better"
-        elif slower or faster or more_errors or fewer_errors:
-            difference = "mixed"
-        else:
-            difference = "none"
-        rows.append({"version": number, **_jsonable(data), "difference": difference})
+        difference = abtest.classify(
+            diff, float(np.median(ref.latencies)), float(np.quantile(ref.latencies, 0.95)),
+            config["latency_tolerance_pct"], config["error_tolerance_pct"])
+        rows.append({"version": number, **judge.jsonable(dataclasses.asdict(diff)),
+                     "difference": difference, "client_errors": found.client_errors})
     better = [r for r in rows if r["difference"] == "better"]
     if all(r["difference"] == "none" for r in rows):
-        summary = "no difference between the variants"
+        summary = (f"no difference beyond {config['latency_tolerance_pct']:g}% latency or "
+                   f"{config['error_tolerance_pct']:g} points of errors between the variants")
         if not all(r.get("enough") for r in rows):
             summary += " (the sample was too small to rule out the effect set)"
     else:
@@ -307,17 +302,3 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
         winner = min(better, key=lambda r: r["p50_diff_ms"]["estimate"])["version"]
     return {"reference": reference, "variants": rows, "summary": summary, "winner": winner,
             "samples": {str(n): len(v) for n, v in by_version.items()}}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return _jsonable(dict(value.__dict__))
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value

@@ -39,7 +39,7 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "planned_samples": 10000,
     "min_samples": 100,
     "latency_tolerance_pct": 5.0,
-    "tail_tolerance_pct": 20.0,
+    "tail_tolerance_pct": 10.0,
     "error_tolerance_pct": 0.2,
     "error_ratio_pct": 100.0,
     "alpha": 0.05,

@@ -95,7 +95,7 @@ class Sorted:
     """Values sorted once (as distinct values and their counts), with their recording step,
     for every quantile asked of them."""
 
-    __slots__ = ("values", "step", "distinct", "below", "counts", "_n")
+    __slots__ = ("_n", "below", "counts", "distinct", "step", "values")
 
     def __init__(self, values: np.ndarray, step: float | None = None) -> None:
         self.distinct, self.counts = np.unique(np.asarray(values, dtype=float), return_counts=True)
@@ -157,3 +157,20 @@ def proportion_variance(count: int, n: int) -> float:
     (Agresti-Caffo), so that no errors in a few requests is not taken for certainty."""
     p = (count + 1) / (n + 2)
     return p * (1 - p) / (n + 2)
+
+
+def log_moments(ordered: Sorted, threshold: float) -> tuple[int, float, float]:
+    """How many values are above ``threshold``, and the mean and variance of their logarithms
+    (recorded values as they are: a value tied at the threshold's step counts when above it)."""
+    if ordered.step > 0:
+        values, weights = ordered.distinct, ordered.counts
+    else:
+        values, weights = ordered.values, np.ones(len(ordered.values))
+    above = values > max(threshold, 1e-9)
+    k = int(weights[above].sum())
+    if k < 2:
+        return k, 0.0, 0.0
+    logs, w = np.log(values[above]), weights[above]
+    mean = float(np.average(logs, weights=w))
+    var = float(np.sum(w * (logs - mean) ** 2) / (k - 1))
+    return k, mean, var
