@@ -389,11 +389,10 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
     # tens of thousands of requests on real tails, so it does not hold a pass.
     within = not failed and (all(m.state == "within" for m in metrics if m.name not in GUARDS)
                              if with_baseline else all(m.state != "waiting" for m in gates))
-    reasons = [describe(m, config) for m in failed]
-    if not failed:
-        reasons = [describe(m, config) for m in metrics if m.state != "within"] or (
-            [f"every metric is within its tolerance ({1 - alpha:.4g} bounds, valid at every look)"]
-            if with_baseline else [])
+    # The reasons: what failed, or every metric with its numbers (and the gates that have
+    # them), so a verdict always shows what it rests on.
+    reasons = [describe(m, config) for m in failed] or [
+        describe(m, config) for m in metrics + gates if m.state != "waiting" or m in metrics]
     client = {"canary": canary.client_errors, "baseline": baseline.client_errors if baseline else 0}
     return Judgement(FAIL if failed else INCONCLUSIVE, within, reasons, canary.total,
                      baseline.total if baseline else 0, alpha, step, metrics, gates, client)
@@ -426,8 +425,8 @@ def describe(m: Metric, config: JudgeConfig) -> str:
                 f"above the baseline's rate, bounds {100 * m.low:+.2f} to {100 * m.high:+.2f}, "
                 f"tolerance {100 * m.tolerance:g} points")
     else:
-        text = (f"SLO {m.name} {100 * m.estimate:.2f}%, bounds {100 * m.low:.2f}% to "
-                f"{100 * m.high:.2f}%, ceiling {100 * m.tolerance:g}%")
+        text = (f"SLO {m.name} {100 * m.estimate:.2f}%, bounds {100 * max(m.low, 0.0):.2f}% "
+                f"to {100 * m.high:.2f}%, ceiling {100 * m.tolerance:g}%")
     if m.state == FAIL:
         return f"{text}: beyond it"
     if m.state == "unresolved":
@@ -436,7 +435,7 @@ def describe(m: Metric, config: JudgeConfig) -> str:
         return f"{text}: not shown beyond it (a guard: it can fail the canary, not hold a pass)"
     if m.state == "open":
         return f"{text}: not yet shown within"
-    return text
+    return f"{text}: within"
 
 
 # --------------------------------------------------------------------------------------------

@@ -112,8 +112,8 @@ def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last:
         return FAIL, "a regression is shown beyond what is allowed"
     seen = step_samples >= min_samples
     if seen and judgement.within:
-        return PASS, (f"{judgement.canary_samples} canary requests show it within every "
-                      "tolerance")
+        return PASS, (f"{judgement.canary_samples} canary requests show its median latency "
+                      "and errors within their tolerances, and its slowest requests not beyond")
     if seen and not last:
         return PASS, (f"{step_samples} canary requests at this weight show no regression; "
                       "the last analysis step is to show it within the tolerances")
