@@ -195,6 +195,7 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     decides), ``running`` to look again next tick, or :data:`JUDGE_AGAIN` after a failed look
     within ``failure_limit`` (the evidence starts afresh). With all the traffic on the
     candidate there is no baseline to compare with, and the SLO gates alone decide."""
+    canary, baseline, kept = same_span(canary, baseline, windows[0].start, now)
     evidence = policy.evidence(canary, windows)
     judgement = judge.judge_samples(
         evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
@@ -207,7 +208,8 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     fields: dict[str, Any] = {
         "looks": row.looks + 1, "spent": config["alpha"] / (config["failure_limit"] + 1),
         "judgement": judgement.to_json(), "slo": gates_json(judgement),
-        "reasons": [headline, *judgement.reasons], "updated_at": timezone.now(),
+        "reasons": [headline, *judgement.reasons, *([kept] if kept else [])],
+        "updated_at": timezone.now(),
     }
     if ended == judge.FAIL:
         fields["failed_looks"] = row.failed_looks + 1
@@ -221,6 +223,25 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
         fields.update(verdict=ended, finished_at=timezone.now())
     _record(row, fields)
     return ended
+
+
+def same_span(canary: list[sample_types.Sample], baseline: list[sample_types.Sample],
+              since: float, now: float) -> tuple[list[sample_types.Sample], list[sample_types.Sample], str]:
+    """Both sides over the same span of time: where one side's kept samples are capped
+    (``SWITCHYARD_SAMPLES_MAX_PER_VARIANT``) the other is cut to match, so no request is
+    compared with one of another time; and, when the evidence wanted (from ``since``) is
+    older than what is kept (capped, or past ``SWITCHYARD_SAMPLES_KEEP_S``), a sentence
+    saying so."""
+    cap, keep = samples.max_per_variant(), samples.keep_s()
+    start = now - keep
+    for side in (canary, baseline):
+        if side and len(side) >= cap:
+            start = max(start, side[0].t)
+    if start <= since:
+        return canary, baseline, ""
+    reason = (f"the evidence starts {now - start:.0f} s ago, not {now - since:.0f}: older "
+              f"requests are no longer kept ({cap} a version at most, for {keep} s)")
+    return ([s for s in canary if s.t >= start], [s for s in baseline if s.t >= start], reason)
 
 
 def gates_json(judgement: judge.Judgement) -> dict[str, Any]:

@@ -51,3 +51,18 @@ def test_the_evidence_leaves_out_each_steps_warm_up_and_what_fell_between_steps(
     kept = [s.t for s in policy.evidence(samples, windows)]
 
     assert kept == [102.0, 159.9, 202.5, 999.0]
+
+
+def test_capped_evidence_is_cut_to_the_same_span_on_both_sides_and_said(settings):
+    from rollouts.canary.analysis import same_span
+
+    settings.SWITCHYARD_SAMPLES_MAX_PER_VARIANT = 3
+    settings.SWITCHYARD_SAMPLES_KEEP_S = 3600
+    canary = [SimpleNamespace(t=t) for t in (100.0, 150.0, 190.0)]  # capped: kept from 100
+    baseline = [SimpleNamespace(t=t) for t in (20.0, 60.0, 120.0)]
+
+    c, b, why = same_span(canary, baseline, since=10.0, now=200.0)
+
+    assert [s.t for s in c] == [100.0, 150.0, 190.0] and [s.t for s in b] == [120.0]
+    assert "the evidence starts 100 s ago, not 190" in why
+    assert same_span(canary[:2], baseline[:2], since=10.0, now=200.0)[2] == ""
