@@ -46,3 +46,35 @@ def test_a_step_that_waits_is_not_due_before_the_next_tick(canary):
 
     assert rollout_reconciler.advance(canary.pk) == (None, False)  # not due: nothing done
     assert canary.pk not in rollout_reconciler.due_rollouts()
+
+
+def test_an_attempts_analysis_steps_share_their_evidence_each_less_its_warm_up(canary):
+    """The default steps' analyses: the third looks at its own window and at the first two's
+    (each from its start plus the warm-up to its end); only the last one must show the canary
+    within, and a fresh start after a failed look keeps its own window alone."""
+    from datetime import timedelta
+
+    from rollouts.canary import analysis
+    from rollouts.canary.specs import DEFAULT_STEPS
+    from rollouts.models import RolloutAnalysis
+
+    Rollout.objects.filter(pk=canary.pk).update(steps=DEFAULT_STEPS, step_index=1)
+    canary.refresh_from_db()
+    config = analysis.analysis_config(canary)
+    assert not analysis.is_last_analysis(canary)
+    now = timezone.now()
+    for index, start, weight in ((1, 1000.0, 5), (3, 1100.0, 25)):
+        RolloutAnalysis.objects.create(rollout=canary, step_index=index, weight=weight,
+                                       verdict="pass", window_start=start,
+                                       finished_at=now - timedelta(seconds=10 * (4 - index)))
+    here = RolloutAnalysis.objects.create(rollout=canary, step_index=5, weight=50, window_start=1200.0)
+
+    windows = analysis.evidence_windows(here, config)
+
+    assert [(w.start, w.warmup_s) for w in windows] == [(1000.0, 2.0), (1100.0, 2.0), (1200.0, 2.0)]
+    assert windows[0].end == (now - timedelta(seconds=30)).timestamp() and windows[-1].end is None
+    Rollout.objects.filter(pk=canary.pk).update(step_index=5)
+    canary.refresh_from_db()
+    assert analysis.is_last_analysis(canary)
+    here.failed_looks = 1
+    assert [w.start for w in analysis.evidence_windows(here, config)] == [1200.0]
