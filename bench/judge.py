@@ -146,11 +146,13 @@ class Side:
         self.n = end
 
 
-def _arm(side: Side, windows: list[policy.StepWindow]) -> judging.Arm:
+def _arm(side: Side, windows: list[policy.StepWindow], since: float = -1.0) -> judging.Arm:
+    """The side's requests inside the windows (past each warm-up), from ``since`` on."""
     t = side.t[:side.n]
-    keep = np.zeros(side.n, dtype=bool)
+    inside = np.zeros(side.n, dtype=bool)
     for w in windows:
-        keep |= (t >= w.start + w.warmup_s) & ((t < w.end) if w.end is not None else True)
+        inside |= (t >= w.start + w.warmup_s) & ((t < w.end) if w.end is not None else True)
+    keep = inside & (t >= since)
     lat, err = side.latency[:side.n][keep], side.error[:side.n][keep]
     return judging.Arm(lat[~err], int(err.sum()), 0)
 
@@ -183,7 +185,12 @@ def one_run(name: str, seed: int) -> dict:
             now += 1.0
             c_arm, b_arm = _arm(canary, windows), _arm(base, windows)
             step_arm = _arm(canary, windows[-1:])
-            j = judging.judge(c_arm, b_arm, config)
+            recent = None
+            if DEFAULTS["window_s"]:
+                start, block = policy.recent_block(windows, now, DEFAULTS["window_s"])
+                recent = judging.Recent(_arm(canary, windows, start), _arm(base, windows, start),
+                                        block, DEFAULTS["window_s"])
+            j = judging.judge(c_arm, b_arm, config, recent)
             contradictions += _contradicts(j)
             ended, _ = policy.step_end(
                 j, step_samples=step_arm.total, min_samples=DEFAULTS["min_samples"], last=last,

@@ -26,10 +26,10 @@ one config per model), which gives each candidate its own ``sleep_ms_v<version>`
 baseline sleeps ``sleep_ms``, 4 ms). Measured:
 
 1. Rollback time, for ``--runs`` canaries of each ``--slowdowns`` (2.6 and 1.2: +160% and +20%
-   of the model's sleep): from the route revision that put the canary's first weight in force
+   of the stable version's latency, by a longer sleep): from the route revision that put the canary's first weight in force
    to the one that put 100% back on the stable version.
 2. Late onset, ``--late-runs`` canaries that sleep as the stable version does until
-   ``--late-after`` seconds (60) after they were loaded, then 2.6 times as long: from that
+   ``--late-after`` seconds (60) after they were loaded, then take 2.6 times as long: from that
    moment to 100% back on stable (or promoted: the regression was missed).
 3. Promotion time, ``--aa-runs`` canaries identical to the stable version: from their first
    weight to the rollout's end (promoted: the new version is stable for the next run).
@@ -73,6 +73,14 @@ AA_FIRST = 2  # A/A candidates: 2, 3, ...
 SLOW_FIRST = 1001  # regression candidates: 1001, 1002, ... (then 2001, ... for the next slowdown)
 LATE_FIRST = 9001  # late-onset candidates
 LATE_FACTOR = 2.6
+# The stable version answers in about 5 ms at the median (4 ms of sleep, 1 ms of the rest): a
+# latency LATE_FACTOR or --slowdowns times as long needs sleep_ms of factor * 5 - 1.
+OVERHEAD_MS = 1.0
+
+
+def sleep_for(factor: float) -> float:
+    """The sleep (ms) that makes a version's latency ``factor`` times the stable one's."""
+    return round(factor * (BASE_SLEEP_MS + OVERHEAD_MS) - OVERHEAD_MS, 3)
 QUICK = {"runs": 1, "late_runs": 1, "aa_runs": 1}
 
 
@@ -427,8 +435,8 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     slow: dict[int, float] = {}
     for k, factor in enumerate(args.slowdowns):
         for i in range(args.runs):
-            slow[SLOW_FIRST + 1000 * k + i] = round(BASE_SLEEP_MS * factor, 3)
-    late = {LATE_FIRST + i: (args.late_after, round(BASE_SLEEP_MS * LATE_FACTOR, 3))
+            slow[SLOW_FIRST + 1000 * k + i] = sleep_for(factor)
+    late = {LATE_FIRST + i: (args.late_after, sleep_for(LATE_FACTOR))
             for i in range(args.late_runs)}
     world = World(triton, store, "bench-artifacts", triton_config(slow, late))
 
@@ -585,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="canaries of each slowdown (default 3)")
     parser.add_argument("--slowdowns", type=lambda v: [float(x) for x in v.split(",") if x],
                         default=[2.6, 1.2],
-                        help="the regressions' sleep over the stable one's (default 2.6,1.2)")
+                        help="the regressions' latency over the stable one's (default 2.6,1.2)")
     parser.add_argument("--late-runs", type=int, default=1,
                         help="canaries that turn slow late (default 1)")
     parser.add_argument("--late-after", type=float, default=60.0,

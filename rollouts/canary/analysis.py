@@ -197,9 +197,13 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     candidate there is no baseline to compare with, and the SLO gates alone decide."""
     canary, baseline, kept = same_span(canary, baseline, windows[0].start, now)
     evidence = policy.evidence(canary, windows)
+    recent: dict[str, Any] = {}
+    if config["window_s"]:
+        start, block = policy.recent_block(windows, now, config["window_s"])
+        recent = {"recent_from": start, "block": block, "seconds": config["window_s"]}
     judgement = judge.judge_samples(
         evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
-        policy.judge_config(config))
+        policy.judge_config(config), **recent)
     ended, headline = policy.step_end(
         judgement, step_samples=len(policy.evidence(canary, windows[-1:])),
         min_samples=config["min_samples"], last=last or row.weight >= 100,

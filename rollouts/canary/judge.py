@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ TIMEOUT_STATUSES = frozenset({408, 499})
 TAIL_FROM = 0.95
 # Metrics that fail a canary shown beyond their tolerance but need not be shown within it
 # for a pass.
-GUARDS = frozenset({"tail"})
+GUARDS = frozenset({"tail", "recent"})
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,16 @@ class JudgeConfig:
         return out
 
     def alpha_per_test(self, with_baseline: bool = True) -> float:
-        """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests."""
-        tests = (3 if with_baseline else 0) + len(self.gates())
+        """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests
+        (with a baseline: the median, the tail, the errors and the recent window)."""
+        tests = (4 if with_baseline else 0) + len(self.gates())
         return self.alpha / self.fresh_starts / max(tests, 1)
+
+
+def block_alpha(alpha: float, block: int) -> float:
+    """The recent window's share for its ``block``-th minute (1, 2, ...): ``alpha`` times
+    6 / (pi^2 k^2), which sums to ``alpha`` over every block however long the analysis runs."""
+    return alpha * 6 / (math.pi ** 2 * max(block, 1) ** 2)
 
 
 @dataclass(frozen=True)
@@ -321,6 +328,17 @@ def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance
                     f"the requests above the baseline's p95 of {threshold:.3g} ms")
 
 
+def recent_median(recent: Recent, config: JudgeConfig, alpha: float, step: float) -> Metric:
+    """The median ratio over the current block only, at its block's share of ``alpha``: a
+    guard (it fails a canary that turned slow; it does not hold a pass)."""
+    c = sequential.Sorted(recent.canary.latencies, step)
+    b = sequential.Sorted(recent.baseline.latencies, step)
+    found = quantile_ratio("recent", 0.5, c, b, config.latency_tolerance_pct,
+                           block_alpha(alpha, recent.block))
+    return replace(found, note=(f"the last {recent.seconds:g} s window (number {recent.block})"
+                                + (f"; {found.note}" if found.note else "")))
+
+
 def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) -> Metric:
     """The canary's error rate over what is allowed relative to the baseline's (a share, not
     percent: ``0.004`` is 0.4 points)."""
@@ -361,9 +379,23 @@ def gate(name: str, q: float | None, ceiling: float, canary: Arm, ordered: seque
 # --------------------------------------------------------------------------------------------
 
 
-def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
+@dataclass(frozen=True)
+class Recent:
+    """The requests of the current block of a sliding look (the ``block``-th stretch of
+    ``seconds`` since the analysis began): both sides' arms."""
+
+    canary: Arm
+    baseline: Arm
+    block: int
+    seconds: float
+
+
+def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
+          recent: Recent | None = None) -> Judgement:
     """One look at a canary against its baseline over the same window (``baseline`` None:
-    the canary carries all the traffic and only the SLO gates judge it)."""
+    the canary carries all the traffic and only the SLO gates judge it). ``recent``: the
+    current block's requests, whose median alone is judged too, so a version that turns slow
+    late is not hidden by the requests it served well before."""
     with_baseline = baseline is not None
     alpha = config.alpha_per_test(with_baseline)
     c_sorted = sequential.Sorted(canary.latencies)
@@ -381,6 +413,8 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
             tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
             error_excess(canary, baseline, config, alpha),
         ]
+        if recent is not None:
+            metrics.append(recent_median(recent, config, alpha, step))
     gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
     failed = [m for m in metrics + gates if m.state == FAIL]
     # Without a baseline (the canary carries all the traffic) the gates alone decide: within
@@ -399,9 +433,16 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig) -> Judgement:
 
 
 def judge_samples(canary: Sequence[Any], baseline: Sequence[Any] | None,
-                  config: JudgeConfig) -> Judgement:
-    """:func:`judge` over route samples (``rollouts.traffic.sample_types.Sample``)."""
-    return judge(Arm.of(canary), Arm.of(baseline) if baseline is not None else None, config)
+                  config: JudgeConfig, *, recent_from: float | None = None, block: int = 1,
+                  seconds: float = 0.0) -> Judgement:
+    """:func:`judge` over route samples (``rollouts.traffic.sample_types.Sample``); with
+    ``recent_from``, the requests from then on are the current block (:class:`Recent`)."""
+    recent = None
+    if recent_from is not None and baseline is not None:
+        recent = Recent(Arm.of([s for s in canary if s.t >= recent_from]),
+                        Arm.of([s for s in baseline if s.t >= recent_from]), block, seconds)
+    return judge(Arm.of(canary), Arm.of(baseline) if baseline is not None else None, config,
+                 recent)
 
 
 def describe(m: Metric, config: JudgeConfig) -> str:
@@ -409,8 +450,8 @@ def describe(m: Metric, config: JudgeConfig) -> str:
     if m.state == "waiting":
         return f"{m.name}: {m.note}"
     if m.unit == "log-ratio":
-        what = "median latency" if m.name == "median" else (
-            "the slowest requests (above the baseline's p95)")
+        what = {"median": "median latency", "recent": "median latency in the current window"}.get(
+            m.name, "the slowest requests (above the baseline's p95)")
         pct = _pct(m.estimate)
         text = (f"{what} {abs(pct):.1f}% {'slower' if pct >= 0 else 'faster'} "
                 f"({m.canary:.3g} ms against "

@@ -7,7 +7,9 @@ simulated rollouts, so both run the same decision.
 An analysis step ends:
 
 * ``fail`` the moment the judge shows a metric beyond its tolerance (or a gate beyond its
-  ceiling), whatever the step;
+  ceiling), whatever the step; besides all the evidence so far, the median of the current
+  block of ``window_s`` seconds alone is judged too (each block at its own share of the
+  budget), so a version that turns slow minutes in is not hidden by what it served before;
 * ``pass`` once the step has seen ``min_samples`` canary requests at its weight and either the
   judge shows every metric within its tolerance (the canary is at most that much worse), or,
   for an analysis step that is not the rollout's last, nothing is shown beyond a tolerance (the
@@ -44,6 +46,7 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "error_ratio_pct": 100.0,
     "alpha": 0.05,
     "warmup_s": 2.0,
+    "window_s": 60,
     "failure_limit": 0,
     "timeout_s": 3600,
     "max_p50_ms": None,
@@ -62,6 +65,7 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "error_ratio_pct": (0, 10_000, float),
     "alpha": (0.0001, 0.4999, float),
     "warmup_s": (0, 3600, float),
+    "window_s": (0, 86400, int),
     "failure_limit": (0, 1000, int),
     "timeout_s": (1, 7 * 24 * 3600, int),
     "max_p50_ms": (0.001, 3_600_000, float),
@@ -95,6 +99,14 @@ class StepWindow:
 
     def holds(self, t: float) -> bool:
         return t >= self.start + self.warmup_s and (self.end is None or t < self.end)
+
+
+def recent_block(windows: Sequence[StepWindow], now: float, seconds: float) -> tuple[float, int]:
+    """The current block of a sliding look: blocks of ``seconds`` from the first window's
+    start; (its start, its number from 1)."""
+    first = windows[0].start
+    block = int(max(now - first, 0.0) // seconds) + 1
+    return first + (block - 1) * seconds, block
 
 
 def evidence(samples: Iterable[Any], windows: Sequence[StepWindow]) -> list[Any]:

@@ -21,6 +21,8 @@ from rollouts.canary.judge import (
     INCONCLUSIVE,
     Arm,
     JudgeConfig,
+    Recent,
+    block_alpha,
     judge,
     judge_samples,
 )
@@ -265,8 +267,9 @@ def test_the_budget_is_split_over_the_tests_and_the_fresh_starts():
     plain = JudgeConfig()
     gated = JudgeConfig(max_p99_ms=50, max_error_rate=1, fresh_starts=2)
 
-    assert plain.alpha_per_test() == pytest.approx(0.05 / 3)
-    assert gated.alpha_per_test() == pytest.approx(0.05 / 2 / 5)
+    # The median, the tail, the errors and the recent window; then each gate.
+    assert plain.alpha_per_test() == pytest.approx(0.05 / 4)
+    assert gated.alpha_per_test() == pytest.approx(0.05 / 2 / 6)
     assert gated.alpha_per_test(with_baseline=False) == pytest.approx(0.05 / 2 / 2)
     judgement = judge(arm(latencies(np.random.default_rng(13), 50)), None, gated)
     assert judgement.alpha_per_test == pytest.approx(0.0125)
@@ -281,3 +284,24 @@ def test_a_handful_of_wildly_spread_requests_gives_numbers_not_an_overflow():
 
     assert judgement.to_json()["gates"][0]["shown"]["high"] is not None
     assert all(isinstance(r, str) for r in judgement.reasons)
+
+
+def test_a_version_that_turns_slow_late_is_failed_by_its_recent_window():
+    """Ten minutes of identical requests, then one minute 30% slower: over everything the
+    median barely moves, but the current window's does."""
+    rng = np.random.default_rng(14)
+    before_c, before_b = latencies(rng, 12000), latencies(rng, 12000)
+    late_c, late_b = latencies(rng, 1200, 1.3), latencies(rng, 1200)
+    canary = arm(np.concatenate([before_c, late_c]))
+    baseline = arm(np.concatenate([before_b, late_b]))
+
+    plain = judge(canary, baseline, CONFIG)
+    windowed = judge(canary, baseline, CONFIG, Recent(arm(late_c), arm(late_b), 11, 60))
+
+    assert plain.verdict != FAIL and metric(plain, "median").state != FAIL
+    recent = metric(windowed, "recent")
+    assert windowed.verdict == FAIL and recent.state == FAIL
+    assert "the last 60 s window (number 11)" in recent.note
+    assert "current window" in windowed.reasons[0]
+    # Each window spends its own share: the eleventh's is alpha * 6 / (pi^2 121).
+    assert block_alpha(0.01, 11) == pytest.approx(0.01 * 6 / (math.pi ** 2 * 121))
