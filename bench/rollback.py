@@ -581,7 +581,7 @@ def print_table(r: dict[str, Any]) -> None:
     late = f"late onset, {LATE_FACTOR:g}x from {r['late_after_s']:g} s in (its start -> 100% on stable, s)"
     out.append(f"{late:62}{fmt(r['late_onset_rollback_s'], '.1f'):>10}")
     out.append(f"{'  outcomes':62}{', '.join(x['outcome'] for x in r['late_runs']) or '-':>10}")
-    out.append(f"{'promotion of an identical version (first weight -> promoted, median s)':62}"
+    out.append(f"{'promotion, identical version (first weight -> end, median s)':62}"
                f"{fmt(r['promote_s_median'], '.0f'):>10}{'<= 180':>9}")
     out.append(f"{'  outcomes':62}{r['aa_outcomes']!s:>10}")
     print("\n".join(out))  # noqa: T201
