@@ -413,7 +413,7 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
             tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
             error_excess(canary, baseline, config, alpha),
         ]
-        if recent is not None:
+        if recent is not None and recent.block >= 2:  # the first block is all the evidence
             metrics.append(recent_median(recent, config, alpha, step))
     gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
     failed = [m for m in metrics + gates if m.state == FAIL]
