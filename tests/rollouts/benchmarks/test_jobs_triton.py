@@ -42,9 +42,11 @@ def test_client_and_server_latency_agree_within_the_measured_client_overhead(wor
     client_mean, server = level["latency_ms"]["mean"], level["server"]
     overhead = job.summary["best"]["client_overhead_ms"]
     assert server["available"] and server["request_ms"] >= 4.0  # the model sleeps 4 ms
-    # The two scrapes that bracket the window take a few ms each (more on a busy machine):
-    # at ~220 requests a second that moves a few requests across each edge.
-    assert abs(server["requests"] - level["ok"]) <= max(10, 0.02 * level["ok"])
+    # The two scrapes that bracket the window take a few ms each, and up to 36 ms each were
+    # measured under the full suite on 2 cores (15 requests across the edges at ~207 a
+    # second): allowed, the requests of 50 ms at each edge at the measured rate.
+    rate = level["ok"] / 3
+    assert abs(server["requests"] - level["ok"]) <= max(10, 0.02 * level["ok"], rate * 0.1)
     assert server["request_ms"] - 0.1 <= client_mean <= server["request_ms"] + max(5 * overhead, 2.0), (
         client_mean, server, overhead)
     assert server["queue_ms"] < 1.0  # one request at a time: nothing waits
