@@ -1,9 +1,10 @@
-"""The canary decision, all in one place: whether a candidate goes on, goes back or waits for a
-person. Here are the analysis settings (defaults, limits and their check), the evidence (the
-route's samples by version), the health watch, the SLO gates, the policy of an analysis step
-(a verdict per look, the timeout and the failure limit) and the A/B verdict. The statistics a
-look rests on are in :mod:`rollouts.canary.judge`; :mod:`rollouts.canary.reconciler` carries out
-what is decided here (the next step, the way back, a pause).
+"""The canary decision applied to the database: the analysis settings' check, the evidence (the
+route's samples by version, the windows of an attempt's analysis steps), the health watch, an
+analysis step's looks recorded on its row (with the failure limit), and the A/B verdict. The
+decision itself is pure: :mod:`rollouts.canary.judge` (one look, on the bounds of
+:mod:`rollouts.canary.sequential`), :mod:`rollouts.canary.policy` (how a step ends) and
+:mod:`rollouts.canary.abtest` (the A/B numbers); :mod:`rollouts.canary.reconciler` carries out
+what is decided (the next step, the way back, a pause).
 """
 
 from __future__ import annotations
@@ -252,15 +253,10 @@ def gates_json(judgement: judge.Judgement) -> dict[str, Any]:
     """The SLO gates of a look, in the units they were set in (ms, percent)."""
     rows = []
     for g in judgement.gates:
-        if g.unit == "log-ms":
-            shown = [None if v is None else math.exp(min(v, 700.0)) for v in (g.estimate, g.low, g.high)]
-            limit = math.exp(g.tolerance)
-        else:
-            shown = [None if v is None else 100 * v for v in (g.estimate, g.low, g.high)]
-            limit = 100 * g.tolerance
-        rows.append({"name": g.name, "value": shown[0], "low": shown[1], "high": shown[2],
-                     "limit": limit, "state": g.state, "ok": g.state != judge.FAIL,
-                     "note": g.note})
+        shown = g.shown()
+        rows.append({"name": g.name, "value": shown["estimate"], "low": shown["low"],
+                     "high": shown["high"], "limit": shown["tolerance"], "state": g.state,
+                     "ok": g.state != judge.FAIL, "note": g.note})
     return {"gates": rows, "checked": any(g["value"] is not None for g in rows),
             "ok": all(g["ok"] for g in rows)}
 

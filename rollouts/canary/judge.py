@@ -190,7 +190,10 @@ class Metric:
             change, side, unit = _exp, _same, "ms"
         else:
             change, side, unit = _percent, _percent, "points" if self.name == "errors" else "%"
-        return {"estimate": change(self.estimate), "low": change(self.low),
+        low = change(self.low)
+        if self.unit == "share" and self.name != "errors" and low is not None:
+            low = max(low, 0.0)  # a rate's bound: never below no errors at all
+        return {"estimate": change(self.estimate), "low": low,
                 "high": change(self.high), "tolerance": change(self.tolerance), "unit": unit,
                 "canary": side(self.canary), "baseline": side(self.baseline)}
 
@@ -425,8 +428,9 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
                              if with_baseline else all(m.state != "waiting" for m in gates))
     # The reasons: what failed, or every metric with its numbers (and the gates that have
     # them), so a verdict always shows what it rests on.
-    reasons = [describe(m, config) for m in failed] or [
-        describe(m, config) for m in metrics + gates if m.state != "waiting" or m in metrics]
+    reasons = [describe(m, config) for m in failed] or (
+        [describe(m, config) for m in metrics]
+        + [describe(g, config) for g in gates if g.state != "waiting"])
     client = {"canary": canary.client_errors, "baseline": baseline.client_errors if baseline else 0}
     return Judgement(FAIL if failed else INCONCLUSIVE, within, reasons, canary.total,
                      baseline.total if baseline else 0, alpha, step, metrics, gates, client)
@@ -466,8 +470,9 @@ def describe(m: Metric, config: JudgeConfig) -> str:
                 f"above the baseline's rate, bounds {100 * m.low:+.2f} to {100 * m.high:+.2f}, "
                 f"tolerance {100 * m.tolerance:g} points")
     else:
-        text = (f"SLO {m.name} {100 * m.estimate:.2f}%, bounds {100 * max(m.low, 0.0):.2f}% "
-                f"to {100 * m.high:.2f}%, ceiling {100 * m.tolerance:g}%")
+        shown = m.shown()
+        text = (f"SLO {m.name} {shown['estimate']:.2f}%, bounds {shown['low']:.2f}% "
+                f"to {shown['high']:.2f}%, ceiling {shown['tolerance']:g}%")
     if m.state == FAIL:
         return f"{text}: beyond it"
     if m.state == "unresolved":

@@ -118,8 +118,9 @@ def evidence(samples: Iterable[Any], windows: Sequence[StepWindow]) -> list[Any]
 def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last: bool,
              planned_samples: int, elapsed_s: float, timeout_s: float) -> tuple[str, str]:
     """What a look means for the analysis step: (``pass``/``fail``/``inconclusive``/
-    ``running``, why in one line; the judgement's reasons give the numbers). ``step_samples``: canary requests at this step's weight (past the
-    warm-up); ``judgement.canary_samples``: those of every step so far."""
+    ``running``, why in one line; the judgement's reasons give the numbers).
+    ``step_samples``: canary requests at this step's weight (past the warm-up);
+    ``judgement.canary_samples``: those of every step so far."""
     if judgement.verdict == FAIL:
         return FAIL, "a regression is shown beyond what is allowed"
     seen = step_samples >= min_samples

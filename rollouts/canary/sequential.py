@@ -24,6 +24,7 @@ distance is read off the data, not a density guessed for them.
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import lru_cache
 
@@ -99,19 +100,19 @@ class Sorted:
 
     def __init__(self, values: np.ndarray, step: float | None = None) -> None:
         self.distinct, self.counts = np.unique(np.asarray(values, dtype=float), return_counts=True)
-        n = int(self.counts.sum())
-        self.step = _step_of(self.distinct, n) if step is None else step
-        self.below = np.concatenate(([0], np.cumsum(self.counts)[:-1])) if n else self.counts
-        self.values = np.repeat(self.distinct, self.counts) if self.step <= 0 else self.distinct
-        self._n = n
+        self._n = int(self.counts.sum())
+        self.below = np.concatenate(([0], np.cumsum(self.counts)[:-1])) if self._n else self.counts
+        self._read_with(_step_of(self.distinct, self._n) if step is None else step)
+
+    def _read_with(self, step: float) -> None:
+        # Continuous values are read in full (np.quantile); values on a step by their counts.
+        self.step = step
+        self.values = np.repeat(self.distinct, self.counts) if step <= 0 else self.distinct
 
     def with_step(self, step: float) -> Sorted:
         """The same values read with another recording step (the other side's coarser one)."""
-        other = object.__new__(Sorted)
-        other.distinct, other.counts, other.below, other._n = (
-            self.distinct, self.counts, self.below, self._n)
-        other.step = step
-        other.values = np.repeat(self.distinct, self.counts) if step <= 0 else self.distinct
+        other = copy.copy(self)
+        other._read_with(step)
         return other
 
     def __len__(self) -> int:

@@ -220,7 +220,7 @@ class RolloutAnalysis(models.Model):
     config = models.JSONField(default=dict, blank=True)
     window_start = models.FloatField(help_text="Unix time the window of requests starts")
     looks = models.PositiveIntegerField(default=0)
-    spent = models.FloatField(default=0.0, help_text="False-alarm probability spent so far")
+    spent = models.FloatField(default=0.0, help_text="The error budget this analysis may spend")
     failed_looks = models.PositiveIntegerField(default=0)
     judgement = models.JSONField(default=dict, blank=True, help_text="The last look's judge")
     slo = models.JSONField(default=dict, blank=True, help_text="The last look's SLO gates")
