@@ -223,8 +223,10 @@ def test_open_loop_counts_ttft_from_the_scheduled_send_time(vworld):
     fraction of them), TTFT counted from each scheduled send time takes in every wait in front
     of the first token (so it is never below vLLM's, which starts when its engine takes the
     request; measured 288 / 247 ms over 2 s, 646 / 307 ms over 4 s), and it grows across the
-    window: twice the window at the same overload gives a much larger mean TTFT (measured
-    x2.2), where a sustainable rate gives the same."""
+    window: twice the window at the same overload gives a much larger p90 TTFT (the requests
+    sent late in the window, behind the longest backlog: measured x2.6 under the full suite,
+    where the means went only x1.25 because vLLM batches the first requests of each window
+    at once), where a sustainable rate gives the same."""
     modest_job = run_job(vworld, protocol="openai_completions", mode="rate", levels=[2],
                          duration_s=6, warmup_s=1)
     (modest,) = levels_of(modest_job)
@@ -248,7 +250,7 @@ def test_open_loop_counts_ttft_from_the_scheduled_send_time(vworld):
         assert level["ttft_ms"]["mean"] > 2 * modest["ttft_ms"]["mean"]
         assert level["itl_ms"]["mean"] > 2 * modest["itl_ms"]["mean"]
     short, long = overloads
-    assert long["ttft_ms"]["mean"] > 1.5 * short["ttft_ms"]["mean"], (long["ttft_ms"], short["ttft_ms"])
+    assert long["ttft_ms"]["p90"] > 1.3 * short["ttft_ms"]["p90"], (long["ttft_ms"], short["ttft_ms"])
 
 
 # ----------------------------------------------------------------------------------------
