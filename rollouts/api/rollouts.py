@@ -95,6 +95,25 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "required": ["approval"], "additionalProperties": False,
      "properties": {"approval": {"type": "object", "additionalProperties": False,
                                  "description": "Wait for an approver who is not the requester"}}},
+    {"type": "object", "required": ["benchmark"], "additionalProperties": False,
+     "properties": {"benchmark": {
+         "type": "object", "additionalProperties": False,
+         "description": ("The candidate's max load within its SLO (its newest benchmark) may "
+                         "fall below the baseline's by at most max_drop_pct"),
+         "properties": {"max_drop_pct": {"type": "number", "minimum": 0, "maximum": 100,
+                                         "default": 10},
+                        "mode": {"type": "string", "enum": ["concurrency", "rate"]}}}}},
+    {"type": "object", "required": ["shadow"], "additionalProperties": False,
+     "properties": {"shadow": {
+         **ANALYSIS_SCHEMA,
+         "properties": {**ANALYSIS_SCHEMA["properties"],
+                        "percent": {"type": "integer", "minimum": 1, "maximum": 100,
+                                    "default": specs.SHADOW_PERCENT}},
+         "description": (
+             "Before the candidate serves anyone: copies of percent of the requests go to it "
+             "(its answers discarded), each judged against the same request's time on the "
+             "baseline; a fail rolls back before any user reaches it. Only where the "
+             "candidate's weight is still 0; the other keys are analysis settings")}}},
 ]
 
 
@@ -104,7 +123,8 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
     "description": (
         "Canary: the steps, in order (default: 5%, analysis, 25%, analysis, 50%, analysis). "
         "Each is one of {\"set_weight\": N}, {\"pause\": {}}, {\"pause\": {\"seconds\": N}}, "
-        "{\"analysis\": {...}}, {\"approval\": {}}."
+        "{\"analysis\": {...}}, {\"approval\": {}}, {\"benchmark\": {...}}, "
+        "{\"shadow\": {\"percent\": N, ...}}."
     ),
     "example": [{"set_weight": 10}, {"analysis": {}}, {"set_weight": 50},
                 {"pause": {"seconds": 300}}],

@@ -94,13 +94,16 @@ def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -
 # --------------------------------------------------------------------------------------------
 
 
-def samples_by_version(rollout: Rollout, seconds: float) -> tuple[dict[int, list[sample_types.Sample]], float]:
-    """The route's samples of the last ``seconds``, by version; and the time they were read."""
+def samples_by_version(rollout: Rollout, seconds: float, *, mirror: bool = False,
+                       ) -> tuple[dict[int, list[sample_types.Sample]], float]:
+    """The route's samples of the last ``seconds``, by version (with ``mirror``, the copies
+    mirrored to each); and the time they were read."""
     now = time.time()
     route = Route.objects.filter(pk=rollout.deployment_id).first()
     meaning = route.variants if route is not None else {}
     by_version: dict[int, list[sample_types.Sample]] = {}
-    for variant, found in samples.window(rollout.deployment_id, seconds, now=now).items():
+    for variant, found in samples.window(rollout.deployment_id, seconds, mirror=mirror,
+                                         now=now).items():
         number = (meaning.get(variant) or {}).get("version")
         if number is not None:
             by_version.setdefault(int(number), []).extend(found)
@@ -164,11 +167,11 @@ def evidence_windows(row: RolloutAnalysis, config: dict[str, Any]) -> list[polic
     its warm-up; after a failed look within the failures allowed (a fresh start), this step's
     alone."""
     here = policy.StepWindow(row.window_start, None, config["warmup_s"])
-    if row.failed_looks or row.weight >= 100:
-        return [here]
+    if row.failed_looks or row.weight >= 100 or row.weight == 0:
+        return [here]  # a shadow (weight 0) judges copies: the live steps' evidence is apart
     earlier = RolloutAnalysis.objects.filter(
         rollout_id=row.rollout_id, attempt=row.attempt, step_index__lt=row.step_index,
-        verdict=Verdict.PASS, weight__lt=100, finished_at__isnull=False,
+        verdict=Verdict.PASS, weight__gt=0, weight__lt=100, finished_at__isnull=False,
     ).order_by("step_index")
     return [policy.StepWindow(r.window_start, r.finished_at.timestamp(),
                               float((r.config or {}).get("warmup_s", config["warmup_s"])))
@@ -187,29 +190,55 @@ def is_last_analysis(rollout: Rollout) -> bool:
     return True
 
 
+def shadow_pairs(copies: list[sample_types.Sample], originals: list[sample_types.Sample],
+                 ) -> tuple[list[sample_types.Sample], list[sample_types.Sample]]:
+    """The copies mirrored to the candidate and the baseline's own requests they copy, matched
+    by request id, in the same order. An id seen more than once on a side (a client that
+    sends its own ``X-Request-Id`` again) pairs nothing."""
+    def once(found: list[sample_types.Sample]) -> dict[str, sample_types.Sample]:
+        seen: dict[str, sample_types.Sample | None] = {}
+        for s in found:
+            if s.request_id:
+                seen[s.request_id] = None if s.request_id in seen else s
+        return {k: v for k, v in seen.items() if v is not None}
+
+    by_id, mine = once(originals), once(copies)
+    matched = [(c, by_id[rid]) for rid, c in mine.items() if rid in by_id]
+    matched.sort(key=lambda pair: pair[1].t)
+    return [c for c, _ in matched], [b for _, b in matched]
+
+
 def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types.Sample],
          baseline: list[sample_types.Sample], now: float, *,
-         windows: list[policy.StepWindow], last: bool = True) -> str:
+         windows: list[policy.StepWindow], last: bool = True, shadow: bool = False) -> str:
     """One look of a running analysis at the requests of the candidate and the baseline
     (read at ``now``, from the start of ``windows`` on), recorded on ``row``. Returns the
     step's end (``pass``, ``fail``, ``inconclusive``: :func:`rollouts.canary.policy.step_end`
     decides), ``running`` to look again next tick, or :data:`JUDGE_AGAIN` after a failed look
     within ``failure_limit`` (the evidence starts afresh). With all the traffic on the
-    candidate there is no baseline to compare with, and the SLO gates alone decide."""
+    candidate there is no baseline to compare with, and the SLO gates alone decide. With
+    ``shadow``, ``canary`` are the copies mirrored to the candidate, judged each against the
+    baseline's answer to the same request (:func:`rollouts.canary.judge.judge_pairs`)."""
     canary, baseline, kept = same_span(canary, baseline, windows[0].start, now)
     evidence = policy.evidence(canary, windows)
     recent: dict[str, Any] = {}
-    if config["window_s"]:
+    if config["window_s"] and not shadow:
         start, block = policy.recent_block(windows, now, config["window_s"])
         recent = {"recent_from": start, "block": block, "seconds": config["window_s"]}
-    judgement = judge.judge_samples(
-        evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
-        policy.judge_config(config), **recent)
+    if shadow:
+        evidence, paired = shadow_pairs(evidence, policy.evidence(baseline, windows))
+        judgement = judge.judge_pairs(evidence, paired, policy.judge_config(config))
+        step_samples = len(evidence)
+    else:
+        judgement = judge.judge_samples(
+            evidence, policy.evidence(baseline, windows) if row.weight < 100 else None,
+            policy.judge_config(config), **recent)
+        step_samples = len(policy.evidence(canary, windows[-1:]))
     ended, headline = policy.step_end(
-        judgement, step_samples=len(policy.evidence(canary, windows[-1:])),
+        judgement, step_samples=step_samples,
         min_samples=config["min_samples"], last=last or row.weight >= 100,
         planned_samples=config["planned_samples"], elapsed_s=now - row.window_start,
-        timeout_s=config["timeout_s"])
+        timeout_s=config["timeout_s"], shadow=shadow)
     fields: dict[str, Any] = {
         "looks": row.looks + 1, "spent": config["alpha"] / (config["failure_limit"] + 1),
         "judgement": judgement.to_json(), "slo": gates_json(judgement),

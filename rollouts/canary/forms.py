@@ -84,7 +84,8 @@ class RolloutStartForm(DomainForm):
         error_messages={"invalid_choice": "not a version ready on the deployment's servers"},
     )
     steps = _json_field("Steps (JSON)", "set_weight, pause ({} or {\"seconds\": N}), analysis, "
-                        "approval")
+                        "approval, benchmark, shadow ({\"percent\": 100} first: copies "
+                        "judged before anyone is served)")
     analysis = _json_field("Analysis settings (JSON, optional)",
                            "e.g. {\"min_samples\": 200, \"latency_tolerance_pct\": 5}; the "
                            "deployment's SLO is the default ceiling")

@@ -5,7 +5,9 @@ keeps everything it answers.
 
 What it judges, as users feel it (each a *metric*, with its own tolerance):
 
-* ``median``: the canary's median latency over the baseline's, as a ratio (``+7%``);
+* ``median``: the canary's median latency over the baseline's, as a ratio (``+7%``); on a
+  shadow (copies of the same requests on both sides) ``paired`` instead: each request's time
+  on the canary over its own time on the baseline (:func:`paired_ratio`);
 * ``tail``: the geometric mean of the requests slower than the baseline's p95, canary over
   baseline (a version slow for one request in fifty shows here, not in the median); every
   request in the tail counts, so it sees a tail regression far sooner than a p99 would;
@@ -143,16 +145,20 @@ class Arm:
         return len(self.latencies) + self.errors + self.client_errors
 
     @classmethod
-    def of(cls, samples: Sequence[Any]) -> Arm:
-        """From route samples (``rollouts.traffic.sample_types.Sample``)."""
+    def of(cls, samples: Sequence[Any], *, upstream: bool = False) -> Arm:
+        """From route samples (``rollouts.traffic.sample_types.Sample``); with ``upstream``,
+        the latencies are the servers' own times (``upstream_ms``), which a mirrored copy and
+        its original are both measured in."""
         answered, errors, client = [], 0, 0
         for s in samples:
             if is_failure(s.status, s.upstream_failed):
                 errors += 1
             elif s.status >= 400:
                 client += 1
-            else:
+            elif not upstream:
                 answered.append(s.latency_ms)
+            elif s.upstream_ms is not None:
+                answered.append(s.upstream_ms)
         return cls(np.asarray(answered, dtype=float), errors, client)
 
 
@@ -268,8 +274,12 @@ def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
     return Metric(name, unit, "waiting", None, None, None, tolerance, None, None, 0.0, note)
 
 
+# A ratio is shown up to ten thousand times (+999,900%): a bound beyond says no more.
+MAX_SHOWN_LOG_RATIO = math.log(1e4)
+
+
 def _pct(log_ratio: float | None) -> float | None:
-    return None if log_ratio is None else 100 * math.expm1(min(log_ratio, 700.0))
+    return None if log_ratio is None else 100 * math.expm1(min(log_ratio, MAX_SHOWN_LOG_RATIO))
 
 
 def _exp(value: float | None) -> float | None:
@@ -305,6 +315,43 @@ def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: seq
         f"{step:g} ms the samples are recorded in can show")
     return _bounded(name, "log-ratio", math.log(qc / qb), variance, tolerance,
                     TAU_FACTOR * max(tolerance, 0.01), alpha, qc, qb, note, resolved)
+
+
+def paired_ratio(canary_ms: np.ndarray, baseline_ms: np.ndarray, tolerance_pct: float,
+                 alpha: float, step: float) -> Metric:
+    """Each request's time on the canary over the same request's time on the baseline (a
+    shadow's copy and its original), as the mean of the log ratios: the geometric mean of the
+    per-request slowdowns (``unit`` log-ratio). Pairing takes out what both sides share (each
+    request's own size, the server's load at that moment), so it sees a slowdown in far fewer
+    requests than two independent samples do; on the log scale a copy that queued for
+    seconds counts as one large ratio, not as a variance that swamps the rest. Times recorded
+    in a ``step`` get half a step added on both sides (a 0 ms answer is half a step, not
+    nothing), and the rounding's own variance (``step``² / 12 a side) is added, so identical
+    whole-millisecond times never make a zero-width interval."""
+    tolerance = math.log1p(tolerance_pct / 100)
+    n = len(canary_ms)
+    if n < MIN_LATENCY_SAMPLES:
+        return _waiting("paired", "log-ratio", tolerance,
+                        f"needs {MIN_LATENCY_SAMPLES} requests answered on both sides (has {n})")
+    both = np.concatenate([canary_ms, baseline_ms])
+    if np.ptp(both) == 0:
+        return _waiting("paired", "log-ratio", tolerance,
+                        f"every request took the same {both[0]:g} ms on both sides: no spread "
+                        "yet to bound the difference by")
+    step = max(step, sequential.resolution(both))
+    half = step / 2 if step > 0 else 1e-3
+    log_c, log_b = np.log(canary_ms + half), np.log(baseline_ms + half)
+    ratios = log_c - log_b
+    typical = float(np.median(baseline_ms)) + half
+    variance = (float(np.var(ratios, ddof=1)) + 2 * (step / typical) ** 2 / 12) / n
+    tolerance_ms = typical * tolerance_pct / 100
+    resolved = step == 0 or tolerance_ms >= RESOLVABLE_SHARE * step
+    note = "each request against its own copy" if resolved else (
+        f"{tolerance_pct:g}% of {typical:.3g} ms is {tolerance_ms:.2g} ms, finer than the "
+        f"{step:g} ms the samples are recorded in can show")
+    return _bounded("paired", "log-ratio", float(ratios.mean()), variance, tolerance,
+                    TAU_FACTOR * max(tolerance, 0.01), alpha, math.exp(float(log_c.mean())) - half,
+                    math.exp(float(log_b.mean())) - half, note, resolved)
 
 
 def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance_pct: float,
@@ -394,11 +441,14 @@ class Recent:
 
 
 def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
-          recent: Recent | None = None) -> Judgement:
+          recent: Recent | None = None,
+          pairs: tuple[np.ndarray, np.ndarray] | None = None) -> Judgement:
     """One look at a canary against its baseline over the same window (``baseline`` None:
     the canary carries all the traffic and only the SLO gates judge it). ``recent``: the
     current block's requests, whose median alone is judged too, so a version that turns slow
-    late is not hidden by the requests it served well before."""
+    late is not hidden by the requests it served well before. ``pairs``: the canary's and the
+    baseline's times for the same requests (a shadow), judged request by request in place of
+    the medians (:func:`paired_ratio`)."""
     with_baseline = baseline is not None
     alpha = config.alpha_per_test(with_baseline)
     c_sorted = sequential.Sorted(canary.latencies)
@@ -411,8 +461,12 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
             c_sorted = c_sorted.with_step(step)
         if b_sorted.step != step:
             b_sorted = b_sorted.with_step(step)
+        central = (paired_ratio(*pairs, config.latency_tolerance_pct, alpha, step)
+                   if pairs is not None else
+                   quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct,
+                                  alpha))
         metrics = [
-            quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct, alpha),
+            central,
             tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
             error_excess(canary, baseline, config, alpha),
         ]
@@ -449,12 +503,29 @@ def judge_samples(canary: Sequence[Any], baseline: Sequence[Any] | None,
                  recent)
 
 
+def judge_pairs(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeConfig) -> Judgement:
+    """:func:`judge` on a shadow: ``canary[i]`` is the copy of the request the baseline
+    served as ``baseline[i]``. Both sides' times are the servers' own (``upstream_ms``), which
+    the router measures alike for a copy and its original; the pairs both answered are judged
+    request by request, the errors and the tail as two samples."""
+    both = [(c.upstream_ms, b.upstream_ms) for c, b in zip(canary, baseline, strict=True)
+            if c.upstream_ms is not None and b.upstream_ms is not None
+            and c.status < 400 and b.status < 400
+            and not c.upstream_failed and not b.upstream_failed]
+    pairs = (np.asarray([c for c, _ in both], dtype=float),
+             np.asarray([b for _, b in both], dtype=float))
+    return judge(Arm.of(canary, upstream=True), Arm.of(baseline, upstream=True), config,
+                 pairs=pairs)
+
+
 def describe(m: Metric, config: JudgeConfig) -> str:
     """One metric's state in words, with its numbers."""
     if m.state == "waiting":
         return f"{m.name}: {m.note}"
     if m.unit == "log-ratio":
-        what = {"median": "median latency", "recent": "median latency in the current window"}.get(
+        what = {"median": "median latency", "recent": "median latency in the current window",
+                "paired": "the same requests on the canary (geometric mean of each one's "
+                          "ratio)"}.get(
             m.name, "the slowest requests (above the baseline's p95)")
         pct = _pct(m.estimate)
         text = (f"{what} {abs(pct):.1f}% {'slower' if pct >= 0 else 'faster'} "

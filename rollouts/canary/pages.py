@@ -55,6 +55,13 @@ def describe_step(step: dict[str, Any]) -> str:
     if kind == "analysis":
         given = ", ".join(f"{k} {v}" for k, v in (value or {}).items())
         return "analysis" + (f" ({given})" if given else "")
+    if kind == "shadow":
+        given = ", ".join(f"{k} {v}" for k, v in value.items() if k != "percent")
+        return (f"shadow: copies of {value['percent']}% of the requests, judged each against "
+                "its own time on the stable version" + (f" ({given})" if given else ""))
+    if kind == "benchmark":
+        return (f"benchmark gate: capacity within its SLO at most {value['max_drop_pct']:g}% "
+                "below the stable version's")
     return "approval by an approver who is not the requester"
 
 

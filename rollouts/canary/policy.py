@@ -116,26 +116,30 @@ def evidence(samples: Iterable[Any], windows: Sequence[StepWindow]) -> list[Any]
 
 
 def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last: bool,
-             planned_samples: int, elapsed_s: float, timeout_s: float) -> tuple[str, str]:
+             planned_samples: int, elapsed_s: float, timeout_s: float,
+             shadow: bool = False) -> tuple[str, str]:
     """What a look means for the analysis step: (``pass``/``fail``/``inconclusive``/
     ``running``, why in one line; the judgement's reasons give the numbers).
-    ``step_samples``: canary requests at this step's weight (past the warm-up);
+    ``step_samples``: canary requests at this step's weight (past the warm-up), or on a
+    ``shadow`` the copies paired with the baseline's requests;
     ``judgement.canary_samples``: those of every step so far."""
+    what, at = ("copies", "") if shadow else ("canary requests", " at this weight")
     if judgement.verdict == FAIL:
         return FAIL, "a regression is shown beyond what is allowed"
     seen = step_samples >= min_samples
     if seen and judgement.within:
-        return PASS, (f"{judgement.canary_samples} canary requests show its median latency "
+        return PASS, (f"{judgement.canary_samples} {what} show "
+                      f"{'the time of each request' if shadow else 'its median latency'} "
                       "and errors within their tolerances, and its slowest requests not beyond")
     if seen and not last:
-        return PASS, (f"{step_samples} canary requests at this weight show no regression; "
+        return PASS, (f"{step_samples} {what}{at} show no regression; "
                       "the last analysis step is to show it within the tolerances")
     if judgement.canary_samples >= planned_samples:
-        return INCONCLUSIVE, (f"{judgement.canary_samples} of {planned_samples} planned canary "
-                              "requests, and the bounds do not settle it")
+        return INCONCLUSIVE, (f"{judgement.canary_samples} of {planned_samples} planned "
+                              f"{what}, and the bounds do not settle it")
     if elapsed_s >= timeout_s:
         return INCONCLUSIVE, (f"{elapsed_s:.0f} s passed without a verdict (timeout "
                               f"{timeout_s:g} s)")
     if not seen:
-        return RUNNING, f"{step_samples} of {min_samples} canary requests at this weight"
+        return RUNNING, f"{step_samples} of {min_samples} {what}{at}"
     return RUNNING, "not settled yet: looking again"

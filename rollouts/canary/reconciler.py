@@ -42,6 +42,7 @@ from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, RolloutEvent, Route
 from rollouts.registry import versions as registry
 from rollouts.traffic import routes
+from rollouts.traffic.specs import MirrorTarget
 
 log = logging.getLogger(__name__)
 State = Rollout.State
@@ -82,13 +83,15 @@ def _move(rollout: Rollout, to: str, message: str, *, kind: str = Kind.STATE,
                 notify(rollout, "rollout.approval_needed", previous)
 
 
-def _route(rollout: Rollout, weights: dict[int, int], why: str, *, sticky: bool = False) -> None:
+def _route(rollout: Rollout, weights: dict[int, int], why: str, *, sticky: bool = False,
+           mirror: MirrorTarget | None = None) -> None:
     """Put ``weights`` (by version) in force on the deployment's route, by the system on the
-    rollout's behalf; the route in force already is a no-op. Raises the route's errors."""
+    rollout's behalf, with ``mirror`` (copies to a version) or none; the route in force
+    already is a no-op. Raises the route's errors."""
     policy = "sticky" if sticky and rollout.sticky_header else "weighted"
     routes.set_route_as_system(
         rollout.deployment, {n: w for n, w in weights.items()}, policy=policy,
-        sticky_header=rollout.sticky_header if policy == "sticky" else "",
+        sticky_header=rollout.sticky_header if policy == "sticky" else "", mirror=mirror,
         reason=f"rollout {rollout.pk}: {why}",
     )
 
@@ -291,17 +294,25 @@ def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
     """Look at the candidate once (``analysis.look`` decides); act on the step's end."""
     config = analysis.analysis_config(rollout, overrides)
     row = analysis.analysis_row(rollout, config)
+    return _look(rollout, config, row)
+
+
+def _look(rollout: Rollout, config: dict[str, Any], row: RolloutAnalysis, *,
+          shadow: bool = False) -> bool:
     if row.verdict != Verdict.RUNNING:  # decided by a worker that died before moving on
         return _after_analysis(rollout, row)
     windows = analysis.evidence_windows(row, config)
+    seconds = max(time.time() - windows[0].start, 0.001)
     try:
-        by_version, now = analysis.samples_by_version(rollout, max(time.time() - windows[0].start, 0.001))
+        by_version, now = analysis.samples_by_version(rollout, seconds)
+        copies = analysis.samples_by_version(rollout, seconds, mirror=True)[0] if shadow else {}
     except Exception as exc:
         record_event(rollout, Kind.ERROR, f"cannot read the route's samples: {exc}")
         return False
-    ended = analysis.look(row, config, by_version.get(rollout.candidate.version, []),
-                          by_version.get(rollout.baseline.version, []), now, windows=windows,
-                          last=analysis.is_last_analysis(rollout))
+    canary = (copies if shadow else by_version).get(rollout.candidate.version, [])
+    ended = analysis.look(row, config, canary, by_version.get(rollout.baseline.version, []), now,
+                          windows=windows, last=analysis.is_last_analysis(rollout),
+                          shadow=shadow)
     if ended == analysis.JUDGE_AGAIN:
         record_event(rollout, Kind.ANALYSIS, f"analysis failed a look ({row.failed_looks} of "
                      f"{config['failure_limit']} allowed): {'; '.join(row.reasons)}; judging again",
@@ -312,16 +323,61 @@ def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
     return _after_analysis(rollout, row)
 
 
+def _shadow_step(rollout: Rollout, value: dict[str, Any]) -> bool:
+    """Copies of ``percent`` of the requests to the candidate, which serves nobody yet, each
+    judged against the baseline's answer to the same request (``analysis.look`` with
+    ``shadow``). The copies start before the step's first look, whose window starts then."""
+    base, cand = rollout.baseline.version, rollout.candidate.version
+    percent = value["percent"]
+    config = analysis.analysis_config(
+        rollout, {k: v for k, v in value.items() if k != "percent"})
+    row = RolloutAnalysis.objects.filter(rollout=rollout, attempt=rollout.attempt,
+                                         step_index=rollout.step_index).first()
+    if row is None:
+        try:
+            _route(rollout, {base: 100}, f"step {rollout.step_index + 1}: copies of {percent}% "
+                   f"of the requests to v{cand}", mirror=MirrorTarget(version=cand, percent=percent))
+        except Conflict as exc:  # refused or busy for now: try again next tick
+            record_event(rollout, Kind.ERROR, f"copying {percent}% of the requests to v{cand} "
+                         f"did not take: {exc.message}; trying again next tick")
+            return False
+        with transaction.atomic():
+            _update(rollout, weights={str(base): 100})
+            record_event(rollout, Kind.STEP, f"step {rollout.step_index + 1}: shadow: copies of "
+                         f"{percent}% of the requests go to v{cand} (its answers are discarded); "
+                         f"all traffic stays on v{base}")
+            row = analysis.analysis_row(rollout, {**config, "shadow_percent": percent})
+    return _look(rollout, config, row, shadow=True)
+
+
+def _stop_copies(rollout: Rollout) -> None:
+    """The route without the shadow's copies (the weights as they are)."""
+    base = rollout.baseline.version
+    _route(rollout, {int(k): v for k, v in (rollout.weights or {str(base): 100}).items()},
+           "the shadow step ended: no more copies")
+
+
 def _after_analysis(rollout: Rollout, row: RolloutAnalysis) -> bool:
     evidence = {"analysis": row.pk, "judgement": row.judgement, "slo": row.slo}
     text = "; ".join(row.reasons)
+    if row.verdict == Verdict.PASS and row.weight == 0:
+        try:
+            _stop_copies(rollout)
+        except Conflict as exc:
+            record_event(rollout, Kind.ERROR, f"stopping the copies did not take: {exc.message}; "
+                         "trying again next tick")
+            return False
+        _next_step(rollout, f"step {rollout.step_index + 1}: shadow passed: {text}",
+                   data=evidence)
+        return True
     if row.verdict == Verdict.PASS:
         _next_step(rollout, f"step {rollout.step_index + 1}: analysis passed at "
                    f"{row.weight}%: {text}", data=evidence)
         return True
     if row.verdict == Verdict.FAIL:
-        _back_to_baseline(rollout, f"analysis failed at {row.weight}% to "
-                          f"v{rollout.candidate.version}: {text}", State.ROLLED_BACK, data=evidence)
+        where = "on its shadow copies" if row.weight == 0 else f"at {row.weight}% to"
+        _back_to_baseline(rollout, f"analysis failed {where} v{rollout.candidate.version}: "
+                          f"{text}", State.ROLLED_BACK, data=evidence)
         return False
     _move(rollout, State.PAUSED, f"step {rollout.step_index + 1}: analysis inconclusive: {text}",
           kind=Kind.ANALYSIS, data=evidence,
@@ -353,6 +409,7 @@ STEP_KINDS: dict[str, Callable[[Rollout, Any], bool]] = {
     "analysis": _analysis_step,
     "approval": _approval_step,
     "benchmark": _benchmark_step,
+    "shadow": _shadow_step,
 }
 
 
@@ -482,7 +539,8 @@ def _carry_out(rollout: Rollout) -> bool:
         row = RolloutAnalysis.objects.filter(rollout=rollout, attempt=rollout.attempt,
                                              step_index=rollout.step_index).first()
         accept = ("pause" in step and not step["pause"].get("seconds")) or (
-            "analysis" in step and row is not None and row.verdict == Verdict.INCONCLUSIVE)
+            ("analysis" in step or "shadow" in step) and row is not None
+            and row.verdict == Verdict.INCONCLUSIVE)
         with transaction.atomic():
             _move(rollout, State.PROGRESSING, f"resumed by {who}{said}"
                   + ("; the step is accepted" if accept else ""), kind=Kind.ACTION,

@@ -16,6 +16,12 @@ A canary's steps::
                                     the candidate's max load within its SLO (its newest
                                     benchmark) may fall below the baseline's by at most 10%;
                                     without a benchmark of both it pauses for a person
+    {"shadow": {"percent": 100, ...}}
+                                    before the candidate serves anyone: copies of ``percent``
+                                    of the requests go to it (its answers discarded) and each
+                                    copy's time is judged against the same request's time on
+                                    the baseline; the other keys are analysis settings. Only
+                                    where the candidate's weight is still 0
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ DEFAULT_STEPS: list[dict[str, Any]] = [
     {"set_weight": 50}, {"analysis": {}},
 ]
 MAX_STEPS = 100
+SHADOW_PERCENT = 100  # a shadow step copies every request unless it says otherwise
 MAX_PAUSE_S = 7 * 24 * 3600
 ALIAS_NAME = re.compile(r"[A-Za-z0-9_-]{0,64}")
 HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
@@ -65,17 +72,19 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
     if len(raw) > MAX_STEPS:
         raise DomainError(f"at most {MAX_STEPS} steps", field="steps")
     out: list[dict[str, Any]] = []
+    weight = 0  # the candidate's weight where each step runs
     for index, step in enumerate(raw):
         where = f"steps[{index}]"
         if not isinstance(step, dict) or len(step) != 1:
             raise DomainError("a step is an object with one of set_weight, pause, analysis, "
-                              "approval", field=where)
+                              "approval, benchmark, shadow", field=where)
         (kind, value), = step.items()
         if kind == "set_weight":
             if not is_number(value) or value != int(value) or not 0 <= value <= 100:
                 raise DomainError(f"set_weight is an integer from 0 to 100, got {value!r}"[:200],
                                   field=where)
-            out.append({"set_weight": int(value)})
+            weight = int(value)
+            out.append({"set_weight": weight})
         elif kind == "pause":
             if not isinstance(value, dict) or set(value) - {"seconds"}:
                 raise DomainError('pause is {} (until resumed) or {"seconds": N}', field=where)
@@ -91,10 +100,31 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
             out.append({"approval": {}})
         elif kind == "benchmark":
             out.append({"benchmark": _parse_benchmark_step(value, where)})
+        elif kind == "shadow":
+            if weight:
+                raise DomainError(f"a shadow step runs before the candidate serves anyone; here "
+                                  f"it has {weight}% of the traffic: put the shadow step before "
+                                  "the first set_weight above 0", field=where)
+            out.append({"shadow": _parse_shadow_step(value, where)})
         else:
             raise DomainError(f"unknown step {str(kind)[:40]!r}: set_weight, pause, analysis, "
-                              "approval or benchmark", field=where)
+                              "approval, benchmark or shadow", field=where)
     return out
+
+
+def _parse_shadow_step(value: object, where: str) -> dict[str, Any]:
+    """``{"percent": 1-100 (default 100), **analysis settings}``, checked."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise DomainError('shadow is {"percent": N} and, optionally, analysis settings',
+                          field=where)
+    settings = dict(value)
+    percent = settings.pop("percent", SHADOW_PERCENT)
+    if not is_number(percent) or percent != int(percent) or not 1 <= percent <= 100:
+        raise DomainError(f"percent is an integer from 1 to 100, got {percent!r}"[:200],
+                          field=f"{where}.percent")
+    return {"percent": int(percent), **parse_analysis(settings, field=where)}
 
 
 def _parse_benchmark_step(value: object, where: str) -> dict[str, Any]:

@@ -146,8 +146,8 @@ def test_a_canary_request_answers_201_with_the_rollout_loading(
 
 
 def test_steps_and_analysis_are_taken_as_given(dave, plain):
-    steps = [{"set_weight": 10}, {"analysis": {"alpha": 0.01}}, {"pause": {"seconds": 30}},
-             {"approval": {}}, {"set_weight": 50}, {"pause": {}}]
+    steps = [{"shadow": {"min_samples": 200}}, {"set_weight": 10}, {"analysis": {"alpha": 0.01}},
+             {"pause": {"seconds": 30}}, {"approval": {}}, {"set_weight": 50}, {"pause": {}}]
 
     response = ask(api_as(dave), plain.deployment, steps=steps,
                    analysis={"planned_samples": 500, "max_p95_ms": 40})
@@ -155,7 +155,8 @@ def test_steps_and_analysis_are_taken_as_given(dave, plain):
     assert response.status_code == 201, response.content
     body = response.json()
     assert [s["step"] for s in body["steps"]] == [
-        {"set_weight": 10}, {"analysis": {"alpha": 0.01}}, {"pause": {"seconds": 30.0}},
+        {"shadow": {"percent": 100, "min_samples": 200}}, {"set_weight": 10},
+        {"analysis": {"alpha": 0.01}}, {"pause": {"seconds": 30.0}},
         {"approval": {}}, {"set_weight": 50}, {"pause": {}}]
     assert (body["analysis"]["planned_samples"], body["analysis"]["max_p95_ms"]) == (500, 40.0)
     assert Rollout.objects.get().analysis == {"planned_samples": 500, "max_p95_ms": 40.0}
@@ -266,6 +267,12 @@ def test_twenty_concurrent_requests_make_one_rollout_and_the_rest_are_409(dave, 
     ({"steps": [{"set_weight": 5}, {"jump": {}}]}, "steps", "steps[1]: unknown step 'jump'"),
     ({"steps": [{"pause": {"minutes": 5}}]}, "steps", "steps[0]: pause is {}"),
     ({"steps": [{"analysis": {"alpha": 0.9}}]}, "steps", "steps[0].alpha: must be a number"),
+    ({"steps": [{"set_weight": 5}, {"shadow": {}}]}, "steps",
+     "steps[1]: a shadow step runs before the candidate serves anyone; here it has 5%"),
+    ({"steps": [{"shadow": {"percent": 0}}]}, "steps", "steps[0].percent: percent is an integer"),
+    ({"steps": [{"shadow": {"percent": 50, "alpha": 2}}]}, "steps",
+     "steps[0].alpha: must be a number"),
+    ({"steps": [{"shadow": [100]}]}, "steps", 'steps[0]: shadow is {"percent": N}'),
     ({"analysis": {"alpha": 0.9}}, "analysis", "analysis.alpha: must be a number from 0.0001"),
     ({"analysis": {"patience": 1}}, "analysis", "unknown setting 'patience'"),
     ({"analysis": {"planned_samples": 50, "min_samples": 100}}, "analysis",

@@ -305,3 +305,88 @@ def test_a_version_that_turns_slow_late_is_failed_by_its_recent_window():
     assert "current window" in windowed.reasons[0]
     # Each window spends its own share: the eleventh's is alpha * 6 / (pi^2 121).
     assert block_alpha(0.01, 11) == pytest.approx(0.01 * 6 / (math.pi ** 2 * 121))
+
+
+# --------------------------------------------------------------------------------------------
+# A shadow: each copy against its own original
+# --------------------------------------------------------------------------------------------
+
+
+def shadow_requests(rng, n: int, scale: float, *, spread: float = 0.5, own: float = 0.05):
+    """``n`` requests served on both sides, as a busy server serves them: each request's own
+    cost (its size, the load at that moment) varies widely (log sd ``spread``) and is shared
+    by its copy; each side adds a little noise of its own (``own``). Whole milliseconds."""
+    shared = rng.lognormal(math.log(5.0), spread, n)
+    base = shared * rng.lognormal(0, own, n)
+    cand = shared * rng.lognormal(0, own, n) * scale
+    return (np.floor(cand + rng.random(n)), np.floor(base + rng.random(n)))
+
+
+def test_a_shadow_sees_a_10_percent_slowdown_in_pairs_that_two_samples_cannot_yet_see():
+    """The same 600 requests on both sides, each 10% slower on the canary: judged as pairs,
+    the slowdown is shown beyond the 5% allowed (whole milliseconds at a 5 ms mean leave each
+    pair +-20% of rounding, so it takes hundreds); judged as two independent samples, the
+    spread of the requests' own costs hides it."""
+    rng = np.random.default_rng(21)
+    cand, base = shadow_requests(rng, 600, 1.10)
+    paired = judge(arm(cand), arm(base), CONFIG, pairs=(cand, base))
+    alone = judge(arm(cand), arm(base), CONFIG)
+
+    shown = metric(paired, "paired")
+    assert paired.verdict == FAIL and shown.state == FAIL, paired.reasons
+    assert shown.low > math.log(1.05) and shown.estimate == pytest.approx(math.log(1.10), abs=0.03)
+    assert metric(alone, "median").state != FAIL and alone.verdict != FAIL
+
+
+def test_a_shadow_of_an_identical_version_is_shown_within_and_never_at_zero_width():
+    rng = np.random.default_rng(22)
+    cand, base = shadow_requests(rng, 2000, 1.0)
+    for n in (10, 100, 2000):
+        found = metric(judge(arm(cand[:n]), arm(base[:n]), CONFIG, pairs=(cand[:n], base[:n])),
+                       "paired")
+        assert found.state != FAIL and found.high > found.low, (n, found)
+    assert found.state == "within"
+    # 40 pairs in whole milliseconds, every one the same on both sides: the rounding still
+    # leaves each pair +-0.4 ms of doubt, so the bounds keep a width (+-4%, not 0: had the
+    # times differed by 5%, 40 pairs would almost never all round alike); and when every
+    # request took the very same time, nothing is bounded at all.
+    tied_ms = np.floor(np.linspace(4, 6.9, 40))
+    tied = metric(judge(arm(tied_ms), arm(tied_ms), CONFIG, pairs=(tied_ms, tied_ms)), "paired")
+    assert tied.high > 0.03 and tied.low < -0.03, tied
+    same = np.full(20, 5.0)
+    flat = metric(judge(arm(same), arm(same), CONFIG, pairs=(same, same)), "paired")
+    assert flat.state == "waiting" and flat.low is None, flat
+
+
+def _copy(rid: str, t: float, upstream_ms: float | None, status: int = 200,
+          mirror: bool = True) -> Sample:
+    up = "" if upstream_ms is None else str(status)
+    return Sample(t, 1, "v", mirror, status, 1.0, upstream_ms, 10, up, "a", "POST", "/", rid)
+
+
+def test_shadow_pairs_match_by_request_id_and_drop_ids_seen_twice():
+    from rollouts.canary.analysis import shadow_pairs
+
+    originals = [_copy("a", 1.0, 5.0, mirror=False), _copy("b", 2.0, 6.0, mirror=False),
+                 _copy("dup", 3.0, 5.0, mirror=False), _copy("dup", 3.5, 5.0, mirror=False),
+                 _copy("lonely", 4.0, 5.0, mirror=False)]
+    copies = [_copy("b", 2.1, 9.0), _copy("a", 1.1, 7.0), _copy("dup", 3.1, 5.0),
+              _copy("never-sent", 5.0, 5.0)]
+    canary, baseline = shadow_pairs(copies, originals)
+    assert [(c.request_id, b.request_id) for c, b in zip(canary, baseline)] == [("a", "a"), ("b", "b")]
+    assert [c.upstream_ms for c in canary] == [7.0, 9.0]
+
+
+def test_a_shadow_judges_the_servers_own_times_and_counts_failed_copies_as_errors():
+    from rollouts.canary.judge import judge_pairs
+
+    own = [4.0 + (i * 37 % 100) / 50 for i in range(200)]  # 4-6 ms, in microseconds
+    originals = [_copy(str(i), i, own[i], mirror=False) for i in range(200)]
+    # The copies: the server's own time twice as long; ten of them failed with no answer.
+    copies = [_copy(str(i), i, 2 * own[i]) for i in range(190)] + [
+        _copy(str(i), i, None, status=502) for i in range(190, 200)]
+    found = judge_pairs(copies, originals, CONFIG)
+    paired = metric(found, "paired")
+    assert paired.estimate == pytest.approx(math.log(2.0), abs=0.01) and paired.state == FAIL
+    assert metric(found, "errors").canary == pytest.approx(10 / 200)
+    assert found.canary_samples == 200

@@ -830,3 +830,75 @@ def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):
     assert "no benchmark of v2 and v1" in paused.events.filter(kind="state").last().message
     rollouts.request_action(world.user, paused, "abort")
     assert rollout_reconciler.run_to_end(made.pk, max_ticks=200).state == State.ABORTED
+
+
+# --------------------------------------------------------------------------------------------
+# The shadow step: copies judged before anyone is served
+# --------------------------------------------------------------------------------------------
+
+
+def candidate_weights_applied(world, version: int) -> list[int]:
+    """The candidate's weight in every route revision applied (what nginx was given)."""
+    found = RouteRevision.objects.filter(route_id=world.deployment.pk,
+                                         result=RouteRevision.Result.APPLIED).order_by("number")
+    return [int(r.weights.get(str(version), 0)) for r in found]
+
+
+def test_a_slow_candidate_is_stopped_on_its_shadow_copies_before_it_serves_anyone(stack):
+    """A shadow step first: the candidate (2.6 times as slow by its config) gets copies of
+    every request while v1 answers them all; the judge compares each copy's time with the
+    same request's time on v1, fails it, and the copies stop. No client was ever routed to
+    it: every route revision gave it 0%, and every answer came from v1."""
+    world = stack
+    world.version(3, config=slow_config(3, 12))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"shadow": {}}, {"set_weight": 50}, {"analysis": {}}],
+        analysis_settings=quick(min_samples=50))
+
+    with Traffic(world.route_url, world.model.name) as traffic:
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=400)
+        served = variants_answering(world, 10)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    assert ended.reason.startswith("analysis failed on its shadow copies v3"), (
+        ended.reason, [(a.step_index, a.reasons, a.judgement) for a in ended.analyses.all()])
+    judged = RolloutAnalysis.objects.get(rollout=ended)
+    assert (judged.weight, judged.verdict, judged.config["shadow_percent"]) == (0, "fail", 100)
+    paired = next(m for m in judged.judgement["metrics"] if m["name"] == "paired")
+    assert paired["state"] == "fail" and paired["low"] > math.log(1.05), paired
+    assert paired["canary"] > 2 * paired["baseline"], paired  # the servers' own times, paired
+    # Nobody was served by v3: 0% in every revision; the copies are gone again.
+    assert set(candidate_weights_applied(world, 3)) == {0}
+    route = Route.objects.get(pk=world.deployment.pk)
+    assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
+    assert set(served) == {n for n in served if n.startswith("v1-")} and traffic.statuses.get(200)
+    assert set(traffic.statuses) == {200}, traffic.statuses
+
+
+def test_an_identical_candidate_passes_its_shadow_and_only_then_gets_its_first_weight(stack):
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2,
+        steps=[{"shadow": {"percent": 50}}, {"set_weight": 25}, {"pause": {}}, {"analysis": {}}],
+        analysis_settings=quick(min_samples=100))
+
+    with Traffic(world.route_url, world.model.name):
+        paused = rollout_reconciler.run_to_end(made.pk, max_ticks=400)
+
+    shadow = RolloutAnalysis.objects.get(rollout=made, step_index=0)
+    assert paused.state == State.PAUSED and paused.step_index == 2, (paused.state, shadow.reasons)
+    assert shadow.verdict == "pass" and shadow.judgement["canary_samples"] >= 100, shadow.reasons
+    assert "copies" in shadow.reasons[0]
+    # The copies first (at 0%), then its first weight, with the copies stopped.
+    applied = candidate_weights_applied(world, 2)
+    assert applied[-1] == 25 and set(applied[:-1]) == {0}, applied
+    route = Route.objects.get(pk=world.deployment.pk)
+    assert route.mirror_percent == 0 and route.version_weights == {1: 75, 2: 25}
+    mirrors = [r.mirror for r in RouteRevision.objects.filter(route_id=world.deployment.pk)]
+    assert any(m and m["variant"].startswith("v2-") and m["percent"] == 50 for m in mirrors)
+    steps = messages(paused, "step")
+    assert any("shadow: copies of 50% of the requests go to v2" in m for m in steps), steps
+    rollouts.request_action(world.user, paused, "abort", reason="enough")
+    assert rollout_reconciler.run_to_end(made.pk).state == State.ABORTED
