@@ -337,9 +337,15 @@ def _shadow_step(rollout: Rollout, value: dict[str, Any]) -> bool:
         try:
             _route(rollout, {base: 100}, f"step {rollout.step_index + 1}: copies of {percent}% "
                    f"of the requests to v{cand}", mirror=MirrorTarget(version=cand, percent=percent))
-        except Conflict as exc:  # refused or busy for now: try again next tick
-            record_event(rollout, Kind.ERROR, f"copying {percent}% of the requests to v{cand} "
-                         f"did not take: {exc.message}; trying again next tick")
+        except DomainError as exc:
+            if isinstance(exc, Conflict) and not isinstance(exc, routes.RouteFailed):
+                record_event(rollout, Kind.ERROR, f"copying {percent}% of the requests to "
+                             f"v{cand} did not take: {exc.message}; trying again next tick")
+                return False  # another change holds the route: next tick
+            # The router cannot copy this (a share it does not support): the route in force
+            # is unchanged, and the rollout cannot go on as asked.
+            _back_to_baseline(rollout, f"step {rollout.step_index + 1}: the shadow cannot "
+                              f"start: {exc.message}", State.ROLLED_BACK)
             return False
         with transaction.atomic():
             _update(rollout, weights={str(base): 100})
