@@ -78,3 +78,60 @@ def test_an_attempts_analysis_steps_share_their_evidence_each_less_its_warm_up(c
     assert analysis.is_last_analysis(canary)
     here.failed_looks = 1
     assert [w.start for w in analysis.evidence_windows(here, config)] == [1200.0]
+
+
+@pytest.fixture
+def shadowed(db, use_route_nginx, tenant_a, dave, settings):
+    settings.SWITCHYARD_ROLLOUT_INTERVAL_S = 30
+    plain = Plain(tenant_a)
+    for version in (plain.v1, plain.v2):
+        ready(plain.deployment, version, plain.a)
+    made, _ = rollouts.create_rollout(dave, plain.deployment, version=2, baseline=1,
+                                      servers=["triton-a"],
+                                      steps=[{"shadow": {"percent": 30}}, {"set_weight": 10}])
+    return made
+
+
+def test_a_shadow_step_copies_its_share_to_the_candidate_at_0_percent_and_a_rollback_stops_it(
+        shadowed, dave):
+    from rollouts.models import RolloutAnalysis, Route
+
+    rollout_reconciler.advance(shadowed.pk, force=True)  # loading: everything is ready
+    rollout_reconciler.advance(shadowed.pk, force=True)  # the shadow starts
+
+    route = Route.objects.get(pk=shadowed.deployment_id)
+    assert route.version_weights == {1: 100, 2: 0} and route.mirror_percent == 30
+    assert route.variants[route.mirror_variant]["version"] == 2
+    row = RolloutAnalysis.objects.get(rollout=shadowed)
+    assert (row.weight, row.config["shadow_percent"], row.verdict) == (0, 30, "running")
+    assert Rollout.objects.get(pk=shadowed.pk).step_index == 0  # no copies judged yet
+
+    rollouts.request_action(dave, shadowed, "abort", reason="not today")
+    rollout_reconciler.advance(shadowed.pk, force=True)
+    route = Route.objects.get(pk=shadowed.deployment_id)
+    assert Rollout.objects.get(pk=shadowed.pk).state == State.ABORTED
+    assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
+
+
+def test_a_shadow_the_router_refuses_ends_the_rollout_with_its_reason_and_the_route_as_it_was(
+        shadowed, monkeypatch):
+    from rollouts.models import Route
+    from rollouts.traffic import routes
+
+    rollout_reconciler.advance(shadowed.pk, force=True)  # loading
+
+    def refuse(*args, **kwargs):
+        if kwargs.get("mirror") is not None:
+            raise routes.RouteFailed("an HTTPRoute mirrors every request or none", field="route")
+        return original(*args, **kwargs)
+
+    original = routes.set_route_as_system
+    monkeypatch.setattr(routes, "set_route_as_system", refuse)
+    rollout_reconciler.advance(shadowed.pk, force=True)
+
+    ended = Rollout.objects.get(pk=shadowed.pk)
+    assert ended.state == State.ROLLED_BACK, ended.reason
+    assert ended.reason == ("step 1: the shadow cannot start: an HTTPRoute mirrors every "
+                            "request or none")
+    route = Route.objects.get(pk=shadowed.deployment_id)
+    assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
