@@ -229,6 +229,12 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
     unload_previous = serializers.BooleanField(
         default=True, help_text="Unload the baseline once the candidate is promoted",
     )
+    dry_run = serializers.BooleanField(
+        default=False,
+        help_text="Canary: each set_weight copies that share of the requests to the candidate "
+                  "(its answers discarded) and each analysis judges the copies against the "
+                  "baseline's answers; no traffic moves, nothing is promoted",
+    )
     servers = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, max_length=100,
         help_text="Servers the versions load on (default: all the deployment's)",
@@ -335,7 +341,7 @@ class RolloutSerializer(serializers.ModelSerializer):
             "id", "tenant", "deployment", "deployment_name", "model", "strategy", "state",
             "is_active", "is_final", "baseline", "candidate", "variants", "steps", "step_index",
             "step_started_at", "weights", "analysis", "servers", "sticky_header", "duration_s",
-            "sample_size", "promote", "alias", "unload_previous", "requires_approval",
+            "sample_size", "promote", "alias", "unload_previous", "dry_run", "requires_approval",
             "requested_action", "requested_action_by", "waiting_for", "reason", "verdict",
             "attempt", "requested_by_label", "idempotency_key", "request_id", "route_url",
             "created_at", "updated_at", "started_at", "finished_at",

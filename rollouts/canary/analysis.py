@@ -167,11 +167,13 @@ def evidence_windows(row: RolloutAnalysis, config: dict[str, Any]) -> list[polic
     its warm-up; after a failed look within the failures allowed (a fresh start), this step's
     alone."""
     here = policy.StepWindow(row.window_start, None, config["warmup_s"])
-    if row.failed_looks or row.weight >= 100 or row.weight == 0:
-        return [here]  # a shadow (weight 0) judges copies: the live steps' evidence is apart
+    if row.failed_looks or row.weight >= 100:
+        return [here]
+    # Copies (weight 0: a shadow, a dry run) and live requests are evidence apart.
+    kind = {"weight": 0} if row.weight == 0 else {"weight__gt": 0, "weight__lt": 100}
     earlier = RolloutAnalysis.objects.filter(
         rollout_id=row.rollout_id, attempt=row.attempt, step_index__lt=row.step_index,
-        verdict=Verdict.PASS, weight__gt=0, weight__lt=100, finished_at__isnull=False,
+        verdict=Verdict.PASS, finished_at__isnull=False, **kind,
     ).order_by("step_index")
     return [policy.StepWindow(r.window_start, r.finished_at.timestamp(),
                               float((r.config or {}).get("warmup_s", config["warmup_s"])))

@@ -100,6 +100,10 @@ class RolloutStartForm(DomainForm):
     promote = forms.BooleanField(required=False, label="Promote a clear winner at the end")
     require_approval = forms.BooleanField(required=False,
                                           label="Wait for an approver before it starts")
+    dry_run = forms.BooleanField(
+        required=False, label="Dry run",
+        help_text="each weight copies that share of the requests to the candidate and judges "
+                  "the copies; no traffic moves, nothing is promoted")
     reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(
         attrs={"rows": 2}))
 
@@ -149,7 +153,7 @@ class RolloutStartForm(DomainForm):
         }
         if data["strategy"] == Rollout.Strategy.CANARY:
             specific = {"version": data["version"], "baseline": data["baseline"],
-                        "steps": data["steps"]}
+                        "steps": data["steps"], "dry_run": data["dry_run"]}
         else:
             specific = {"variants": data["variants"], "duration_s": data["duration_s"],
                         "sample_size": data["sample_size"],

@@ -233,12 +233,28 @@ def _progressing(rollout: Rollout) -> bool:
     if rollout.strategy == Rollout.Strategy.AB:
         return _ab_tick(rollout)
     step = rollout.current_step
+    if step is None and rollout.dry_run:
+        return _end_dry_run(rollout)
     if step is None:
         _move(rollout, State.PROMOTING, "every step passed: promoting "
               f"v{rollout.candidate.version}", waiting_for="")
         return True
     (kind, value), = step.items()
     return STEP_KINDS[kind](rollout, value)
+
+
+def _end_dry_run(rollout: Rollout) -> bool:
+    """A dry run whose steps all passed: the copies stop, the candidate is unloaded where
+    the rollout loaded it, and nothing is promoted."""
+    base, cand = rollout.baseline.version, rollout.candidate.version
+    if not _copies(rollout, 0, "the dry run ended"):
+        return False
+    why = (f"dry run: every step passed on copies of the requests; v{cand} would have been "
+           f"promoted. All traffic stayed on v{base}")
+    _move(rollout, State.SUCCEEDED, why, reason=why, weights={str(base): 100},
+          finished_at=timezone.now(), waiting_for="")
+    _unload(rollout, rollout.candidate, "the dry run ended", own_only=True)
+    return False
 
 
 def _next_step(rollout: Rollout, message: str, data: dict[str, Any] | None = None, **fields: Any) -> None:
@@ -251,6 +267,8 @@ def _next_step(rollout: Rollout, message: str, data: dict[str, Any] | None = Non
 
 def _set_weight(rollout: Rollout, weight: int) -> bool:
     base, cand = rollout.baseline.version, rollout.candidate.version
+    if rollout.dry_run:
+        return _dry_weight(rollout, weight)
     weights = {base: 100 - weight, cand: weight} if weight < 100 else {cand: 100}
     try:
         _route(rollout, weights, f"step {rollout.step_index + 1}: {weight}% to v{cand}")
@@ -263,6 +281,42 @@ def _set_weight(rollout: Rollout, weight: int) -> bool:
     _next_step(rollout, f"step {rollout.step_index + 1}: {weight}% of the traffic to v{cand}, "
                f"{100 - weight}% to v{base}",
                weights={str(base): 100 - weight, str(cand): weight})
+    return True
+
+
+def _dry_weight(rollout: Rollout, weight: int) -> bool:
+    """A dry run's weight: copies of that share of the requests to the candidate (none at
+    0%), all traffic staying on the baseline."""
+    base, cand = rollout.baseline.version, rollout.candidate.version
+    step = f"step {rollout.step_index + 1}"
+    if not _copies(rollout, weight, f"{step}: dry run"):
+        return False
+    text = (f"copies of {weight}% of the requests go to v{cand}" if weight
+            else f"no copies to v{cand}")
+    _next_step(rollout, f"{step}: dry run: {text}; all traffic stays on v{base}",
+               weights={str(base): 100})
+    return True
+
+
+def _copies(rollout: Rollout, percent: int, why: str) -> bool:
+    """All traffic on the baseline, with copies of ``percent`` of the requests to the
+    candidate (none at 0). False when the route is busy (next tick tries again); a copy the
+    router cannot make ends the rollout (the route in force is unchanged)."""
+    base, cand = rollout.baseline.version, rollout.candidate.version
+    mirror = MirrorTarget(version=cand, percent=percent) if percent else None
+    try:
+        _route(rollout, {base: 100}, f"{why}: copies of {percent}% of the requests to v{cand}",
+               mirror=mirror)
+    except DomainError as exc:
+        if isinstance(exc, Conflict) and not isinstance(exc, routes.RouteFailed):
+            record_event(rollout, Kind.ERROR, f"copying {percent}% of the requests to v{cand} "
+                         f"did not take: {exc.message}; trying again next tick")
+            return False  # another change holds the route: next tick
+        # The router cannot copy this (a share it does not support): the route in force
+        # is unchanged, and the rollout cannot go on as asked.
+        _back_to_baseline(rollout, f"{why}: the copies cannot start: {exc.message}",
+                          State.ROLLED_BACK)
+        return False
     return True
 
 
@@ -294,7 +348,7 @@ def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
     """Look at the candidate once (``analysis.look`` decides); act on the step's end."""
     config = analysis.analysis_config(rollout, overrides)
     row = analysis.analysis_row(rollout, config)
-    return _look(rollout, config, row)
+    return _look(rollout, config, row, shadow=rollout.dry_run)
 
 
 def _look(rollout: Rollout, config: dict[str, Any], row: RolloutAnalysis, *,
@@ -334,18 +388,7 @@ def _shadow_step(rollout: Rollout, value: dict[str, Any]) -> bool:
     row = RolloutAnalysis.objects.filter(rollout=rollout, attempt=rollout.attempt,
                                          step_index=rollout.step_index).first()
     if row is None:
-        try:
-            _route(rollout, {base: 100}, f"step {rollout.step_index + 1}: copies of {percent}% "
-                   f"of the requests to v{cand}", mirror=MirrorTarget(version=cand, percent=percent))
-        except DomainError as exc:
-            if isinstance(exc, Conflict) and not isinstance(exc, routes.RouteFailed):
-                record_event(rollout, Kind.ERROR, f"copying {percent}% of the requests to "
-                             f"v{cand} did not take: {exc.message}; trying again next tick")
-                return False  # another change holds the route: next tick
-            # The router cannot copy this (a share it does not support): the route in force
-            # is unchanged, and the rollout cannot go on as asked.
-            _back_to_baseline(rollout, f"step {rollout.step_index + 1}: the shadow cannot "
-                              f"start: {exc.message}", State.ROLLED_BACK)
+        if not _copies(rollout, percent, f"step {rollout.step_index + 1}: shadow"):
             return False
         with transaction.atomic():
             _update(rollout, weights={str(base): 100})
@@ -366,7 +409,7 @@ def _stop_copies(rollout: Rollout) -> None:
 def _after_analysis(rollout: Rollout, row: RolloutAnalysis) -> bool:
     evidence = {"analysis": row.pk, "judgement": row.judgement, "slo": row.slo}
     text = "; ".join(row.reasons)
-    if row.verdict == Verdict.PASS and row.weight == 0:
+    if row.verdict == Verdict.PASS and row.weight == 0 and not rollout.dry_run:
         try:
             _stop_copies(rollout)
         except Conflict as exc:
@@ -381,7 +424,9 @@ def _after_analysis(rollout: Rollout, row: RolloutAnalysis) -> bool:
                    f"{row.weight}%: {text}", data=evidence)
         return True
     if row.verdict == Verdict.FAIL:
-        where = "on its shadow copies" if row.weight == 0 else f"at {row.weight}% to"
+        where = ("on its shadow copies" if row.weight == 0 else f"at {row.weight}% to")
+        if rollout.dry_run:
+            where = "in the dry run on the copies to"
         _back_to_baseline(rollout, f"analysis failed {where} v{rollout.candidate.version}: "
                           f"{text}", State.ROLLED_BACK, data=evidence)
         return False

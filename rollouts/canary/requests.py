@@ -104,6 +104,7 @@ def create_rollout(
     promote: bool | None = None,
     alias: str | None = None,
     unload_previous: bool = True,
+    dry_run: bool = False,
     servers: list[str] | None = None,
     require_approval: bool = False,
     idempotency_key: str = "",
@@ -114,7 +115,9 @@ def create_rollout(
     Canary: ``version`` is the candidate's number; ``baseline`` defaults to the version that
     carries the most traffic (else the production alias, else the newest ready version), and
     must be ready. A/B: ``variants`` [{version, weight}] (the first is the reference) and
-    ``duration_s`` and/or ``sample_size`` (requests a variant). A production deployment (or
+    ``duration_s`` and/or ``sample_size`` (requests a variant). A canary's ``dry_run`` makes
+    every weight copies of that share of the requests, judged against the baseline's answers,
+    and ends without moving traffic or promoting. A production deployment (or
     ``require_approval``) waits for an approver first. A second rollout while one is in
     flight on the deployment is a Conflict on ``deployment``; the same ``idempotency_key``
     replays the first request (a Conflict if it asked for something else).
@@ -132,6 +135,9 @@ def create_rollout(
                        "move traffic through one", field="deployment")
     if strategy not in Rollout.Strategy.values:
         raise DomainError(f"one of {', '.join(Rollout.Strategy.values)}", field="strategy")
+    if dry_run and strategy != Rollout.Strategy.CANARY:
+        raise DomainError("a dry run is a canary's: an A/B split's verdict needs real traffic "
+                          "on each variant", field="dry_run")
     ready = _ready_numbers(deployment)
     if not ready:
         raise Conflict(f"no version of {deployment.model.name} is ready on deployment "
@@ -139,7 +145,7 @@ def create_rollout(
     settings_given = analysis.parse_analysis(analysis_settings)
     fields: dict[str, Any] = {
         "strategy": strategy, "analysis": settings_given, "sticky_header": header,
-        "unload_previous": bool(unload_previous),
+        "unload_previous": bool(unload_previous), "dry_run": bool(dry_run),
         "requires_approval": bool(require_approval or deployment.production),
     }
     if strategy == Rollout.Strategy.CANARY:
@@ -267,6 +273,9 @@ def request_action(actor: Any, rollout: Rollout, action: str, reason: str = "") 
         if action == Rollout.Action.PROMOTE and locked.strategy == Rollout.Strategy.AB:
             raise Conflict("an A/B split ends in a verdict: abort it, or let it run its course",
                            field="action")
+        if action == Rollout.Action.PROMOTE and locked.dry_run:
+            raise Conflict("a dry run moves no traffic and promotes nothing: start a rollout "
+                           "to promote", field="action")
         if locked.state not in allowed:
             raise Conflict(f"rollout {locked.pk} is {locked.get_state_display().lower()}: "
                            f"{action} needs it {' or '.join(allowed)}", field="action")

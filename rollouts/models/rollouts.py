@@ -97,6 +97,9 @@ class Rollout(IdempotentJob):
         max_length=64, blank=True, help_text="The alias promotion moves (empty: none)"
     )
     unload_previous = models.BooleanField(default=True)
+    dry_run = models.BooleanField(
+        default=False, help_text="Canary: each weight is copies of that share of the requests, "
+        "judged against the baseline's answers; no traffic moves and nothing is promoted")
     requires_approval = models.BooleanField(default=False)
     requested_action = models.CharField(max_length=8, choices=Action.choices, blank=True)
     requested_action_by = models.CharField(max_length=200, blank=True)

@@ -294,6 +294,9 @@ def test_a_refused_request_names_the_field_and_makes_nothing(dave, plain, body, 
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
+    ({"dry_run": True, "duration_s": 60,
+      "variants": [{"version": 1, "weight": 50}, {"version": 2, "weight": 50}]},
+     "dry_run", "a dry run is a canary's"),
     ({}, "variants", "an A/B split names 2 to 10 variants"),
     ({"variants": [{"version": 1, "weight": 50}]}, "variants", "at least 2"),
     ({"variants": [{"version": 1, "weight": 60}, {"version": 2, "weight": 30}]}, "variants",
@@ -501,6 +504,19 @@ def test_promote_of_an_ab_split_is_a_409(dave, plain):
 
     assert response.status_code == 409
     assert "ends in a verdict" in field_error(response, "action")
+
+
+def test_a_dry_run_is_shown_as_one_and_promote_is_a_409(dave, plain):
+    response = ask(api_as(dave), plain.deployment, dry_run=True)
+    assert response.status_code == 201, response.content
+    assert response.json()["dry_run"] is True
+    made = set_state(Rollout.objects.get(pk=response.json()["id"]), Rollout.State.PROGRESSING)
+
+    response = api_as(dave).post(f"{URL}{made.pk}/promote/", {}, format="json")
+
+    assert response.status_code == 409
+    assert "a dry run moves no traffic and promotes nothing" in field_error(response, "action")
+    assert Rollout.objects.get(pk=made.pk).requested_action == ""
 
 
 @pytest.mark.parametrize("action", ["pause", "resume", "promote", "abort", "retry"])

@@ -348,6 +348,19 @@ def test_a_deployer_starts_a_canary_and_lands_on_its_page(setup, dave):
     assert 'id="canary-form"' not in text
 
 
+def test_a_deployer_starts_a_dry_run_from_the_form_and_its_page_says_so(setup, dave):
+    response = browser(dave).post(start_url(setup), {
+        "strategy": "canary", "version": "2", "dry_run": "on",
+        "steps": '[{"shadow": {"percent": 20}}, {"set_weight": 50}, {"analysis": {}}]'})
+    made = Rollout.objects.get()
+    assert response.status_code == 302 and made.dry_run
+    assert made.steps[0] == {"shadow": {"percent": 20}}
+    page = browser(dave).get(url("rollout", made)).content.decode()
+    assert f"Rollout {made.pk}: dry run of v2 against v1" in page
+    assert "none: a dry run judges copies of the requests and moves no traffic" in page
+    assert "shadow: copies of 20% of the requests" in page
+
+
 @pytest.mark.parametrize(("fields", "field", "message"), [
     ({"steps": '[{"set_weight": 150}]'}, "steps",
      "steps[0]: set_weight is an integer from 0 to 100, got 150"),

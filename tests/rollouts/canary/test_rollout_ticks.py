@@ -131,7 +131,7 @@ def test_a_shadow_the_router_refuses_ends_the_rollout_with_its_reason_and_the_ro
 
     ended = Rollout.objects.get(pk=shadowed.pk)
     assert ended.state == State.ROLLED_BACK, ended.reason
-    assert ended.reason == ("step 1: the shadow cannot start: an HTTPRoute mirrors every "
-                            "request or none")
+    assert ended.reason == ("step 1: shadow: the copies cannot start: an HTTPRoute mirrors "
+                            "every request or none")
     route = Route.objects.get(pk=shadowed.deployment_id)
     assert route.mirror_percent == 0 and route.version_weights.get(1) == 100

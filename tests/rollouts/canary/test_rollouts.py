@@ -902,3 +902,36 @@ def test_an_identical_candidate_passes_its_shadow_and_only_then_gets_its_first_w
     assert any("shadow: copies of 50% of the requests go to v2" in m for m in steps), steps
     rollouts.request_action(world.user, paused, "abort", reason="enough")
     assert rollout_reconciler.run_to_end(made.pk).state == State.ABORTED
+
+
+def test_a_dry_run_judges_copies_at_each_weight_and_ends_without_moving_traffic(stack):
+    """A dry run of the steps 50%, analysis: the candidate gets copies of half the requests
+    (none of them served), the analysis judges the copies against v1's answers, and the end
+    promotes nothing: the route still sends everything to v1 with no copies, the production
+    alias stays, and the candidate is unloaded."""
+    world = stack
+    world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, alias="production", dry_run=True,
+        steps=[{"set_weight": 50}, {"analysis": {}}],
+        analysis_settings=quick(planned_samples=20000, timeout_s=120, error_tolerance_pct=1.0))
+
+    with Traffic(world.route_url, world.model.name) as traffic:
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=800)
+
+    judged = RolloutAnalysis.objects.get(rollout=made)
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason, judged.reasons)
+    assert ended.reason.startswith("dry run: every step passed on copies of the requests; "
+                                   "v2 would have been promoted. All traffic stayed on v1")
+    assert judged.weight == 0 and judged.verdict == "pass"
+    assert any(m["name"] == "paired" and m["state"] == "within"
+               for m in judged.judgement["metrics"]), judged.judgement["metrics"]
+    assert set(candidate_weights_applied(world, 2)) == {0} and set(traffic.statuses) == {200}
+    mirrors = [r.mirror for r in RouteRevision.objects.filter(route_id=world.deployment.pk)]
+    assert any(m and m["variant"].startswith("v2-") and m["percent"] == 50 for m in mirrors)
+    route = Route.objects.get(pk=world.deployment.pk)
+    assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
+    assert not Alias.objects.filter(model=world.model, name="production", version__version=2).exists()
+    unload = ModelLoad.objects.filter(version__version=2, version__model=world.model).order_by(
+        "-created_at").first()
+    assert unload.is_unload and unload.state in (ModelLoad.State.UNLOADING, ModelLoad.State.UNLOADED)
