@@ -289,7 +289,7 @@ class RolloutAnalysisSerializer(serializers.ModelSerializer):
         model = RolloutAnalysis
         fields = [
             "id", "step_index", "attempt", "weight", "verdict", "reasons", "looks", "spent",
-            "failed_looks", "judgement", "slo", "config", "window_start", "created_at",
+            "failed_looks", "inconclusive_ends", "judgement", "slo", "config", "window_start", "created_at",
             "updated_at", "finished_at",
         ]
         read_only_fields = fields

@@ -39,6 +39,8 @@ UPSTREAM_SHARE = 0.5
 # What :func:`look` answers when a look failed within the failures allowed: the analysis
 # starts again on a fresh window.
 JUDGE_AGAIN = "judge_again"
+# ... and after an inconclusive end within the inconclusive ends allowed.
+JUDGE_AGAIN_INCONCLUSIVE = "judge_again_inconclusive"
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,8 +169,8 @@ def evidence_windows(row: RolloutAnalysis, config: dict[str, Any]) -> list[polic
     its warm-up; after a failed look within the failures allowed (a fresh start), this step's
     alone."""
     here = policy.StepWindow(row.window_start, None, config["warmup_s"])
-    if row.failed_looks or row.weight >= 100:
-        return [here]
+    if row.failed_looks or row.inconclusive_ends or row.weight >= 100:
+        return [here]  # a fresh start judges its own window
     # Copies (weight 0: a shadow, a dry run) and live requests are evidence apart.
     kind = {"weight": 0} if row.weight == 0 else {"weight__gt": 0, "weight__lt": 100}
     earlier = RolloutAnalysis.objects.filter(
@@ -216,8 +218,9 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     """One look of a running analysis at the requests of the candidate and the baseline
     (read at ``now``, from the start of ``windows`` on), recorded on ``row``. Returns the
     step's end (``pass``, ``fail``, ``inconclusive``: :func:`rollouts.canary.policy.step_end`
-    decides), ``running`` to look again next tick, or :data:`JUDGE_AGAIN` after a failed look
-    within ``failure_limit`` (the evidence starts afresh). With all the traffic on the
+    decides), ``running`` to look again next tick, :data:`JUDGE_AGAIN` after a failed look
+    within ``failure_limit``, or :data:`JUDGE_AGAIN_INCONCLUSIVE` after an inconclusive end
+    within ``inconclusive_limit`` (the evidence starts afresh either way). With all the traffic on the
     candidate there is no baseline to compare with, and the SLO gates alone decide. With
     ``shadow``, ``canary`` are the copies mirrored to the candidate, judged each against the
     baseline's answer to the same request (:func:`rollouts.canary.judge.judge_pairs`)."""
@@ -242,7 +245,7 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
         planned_samples=config["planned_samples"], elapsed_s=now - row.window_start,
         timeout_s=config["timeout_s"], shadow=shadow)
     fields: dict[str, Any] = {
-        "looks": row.looks + 1, "spent": config["alpha"] / (config["failure_limit"] + 1),
+        "looks": row.looks + 1, "spent": config["alpha"] / policy.fresh_starts(config),
         "judgement": judgement.to_json(), "slo": gates_json(judgement),
         "reasons": [headline, *judgement.reasons, *([kept] if kept else [])],
         "updated_at": timezone.now(),
@@ -255,6 +258,12 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
             fields.update(window_start=time.time())
             _record(row, fields)
             return JUDGE_AGAIN
+    if ended == judge.INCONCLUSIVE and row.inconclusive_ends < config["inconclusive_limit"]:
+        # Within the inconclusive ends allowed (traffic too thin for the plan, say): judge
+        # again on fresh evidence, with the next share of the error budget.
+        fields.update(inconclusive_ends=row.inconclusive_ends + 1, window_start=time.time())
+        _record(row, fields)
+        return JUDGE_AGAIN_INCONCLUSIVE
     if ended != policy.RUNNING:
         fields.update(verdict=ended, finished_at=timezone.now())
     _record(row, fields)

@@ -48,6 +48,7 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "warmup_s": 2.0,
     "window_s": 60,
     "failure_limit": 0,
+    "inconclusive_limit": 0,
     "timeout_s": 3600,
     "max_p50_ms": None,
     "max_p95_ms": None,
@@ -67,6 +68,7 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "warmup_s": (0, 3600, float),
     "window_s": (0, 86400, int),
     "failure_limit": (0, 1000, int),
+    "inconclusive_limit": (0, 1000, int),
     "timeout_s": (1, 7 * 24 * 3600, int),
     "max_p50_ms": (0.001, 3_600_000, float),
     "max_p95_ms": (0.001, 3_600_000, float),
@@ -82,10 +84,17 @@ def judge_config(config: dict[str, Any]) -> JudgeConfig:
         tail_tolerance_pct=config["tail_tolerance_pct"],
         error_tolerance_pct=config["error_tolerance_pct"],
         error_ratio_pct=config["error_ratio_pct"], alpha=config["alpha"],
-        fresh_starts=config["failure_limit"] + 1,
+        fresh_starts=fresh_starts(config),
         max_p50_ms=config.get("max_p50_ms"), max_p95_ms=config.get("max_p95_ms"),
         max_p99_ms=config.get("max_p99_ms"), max_error_rate=config.get("max_error_rate"),
     )
+
+
+def fresh_starts(config: dict[str, Any]) -> int:
+    """How many times an analysis may judge on fresh evidence: once, and again after each
+    failed look ``failure_limit`` allows and each inconclusive end ``inconclusive_limit``
+    allows. The error budget is split over them."""
+    return int(config["failure_limit"]) + int(config.get("inconclusive_limit", 0)) + 1
 
 
 @dataclass(frozen=True)

@@ -347,6 +347,9 @@ def _approval_step(rollout: Rollout, _value: dict[str, Any]) -> bool:
 def _analysis_step(rollout: Rollout, overrides: dict[str, Any]) -> bool:
     """Look at the candidate once (``analysis.look`` decides); act on the step's end."""
     config = analysis.analysis_config(rollout, overrides)
+    if rollout.dry_run:  # the share copied by the dry run's last weight
+        shares = [s["set_weight"] for s in rollout.steps[:rollout.step_index] if "set_weight" in s]
+        config["shadow_percent"] = shares[-1] if shares else 0
     row = analysis.analysis_row(rollout, config)
     return _look(rollout, config, row, shadow=rollout.dry_run)
 
@@ -367,9 +370,12 @@ def _look(rollout: Rollout, config: dict[str, Any], row: RolloutAnalysis, *,
     ended = analysis.look(row, config, canary, by_version.get(rollout.baseline.version, []), now,
                           windows=windows, last=analysis.is_last_analysis(rollout),
                           shadow=shadow)
-    if ended == analysis.JUDGE_AGAIN:
-        record_event(rollout, Kind.ANALYSIS, f"analysis failed a look ({row.failed_looks} of "
-                     f"{config['failure_limit']} allowed): {'; '.join(row.reasons)}; judging again",
+    if ended in (analysis.JUDGE_AGAIN, analysis.JUDGE_AGAIN_INCONCLUSIVE):
+        what = (f"failed a look ({row.failed_looks} of {config['failure_limit']} allowed)"
+                if ended == analysis.JUDGE_AGAIN else f"ended inconclusive "
+                f"({row.inconclusive_ends} of {config['inconclusive_limit']} allowed)")
+        record_event(rollout, Kind.ANALYSIS, f"analysis {what}: {'; '.join(row.reasons)}; "
+                     "judging again on fresh evidence",
                      data={"analysis": row.pk, "judgement": row.judgement, "slo": row.slo})
         return False
     if ended == Verdict.RUNNING:

@@ -225,6 +225,8 @@ class RolloutAnalysis(models.Model):
     looks = models.PositiveIntegerField(default=0)
     spent = models.FloatField(default=0.0, help_text="The error budget this analysis may spend")
     failed_looks = models.PositiveIntegerField(default=0)
+    inconclusive_ends = models.PositiveIntegerField(
+        default=0, help_text="Times it ended inconclusive and started again (inconclusive_limit)")
     judgement = models.JSONField(default=dict, blank=True, help_text="The last look's judge")
     slo = models.JSONField(default=dict, blank=True, help_text="The last look's SLO gates")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -135,3 +135,35 @@ def test_a_shadow_the_router_refuses_ends_the_rollout_with_its_reason_and_the_ro
                             "every request or none")
     route = Route.objects.get(pk=shadowed.deployment_id)
     assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
+
+
+def test_an_inconclusive_end_within_the_limit_starts_again_and_the_next_pauses(canary):
+    """inconclusive_limit 1, a timeout of 1 s and no traffic: the first inconclusive end
+    judges again on a fresh window (the timeline says so, the budget is halved), the second
+    pauses for a person."""
+    import time
+
+    from rollouts.models import RolloutAnalysis, RolloutEvent
+
+    Rollout.objects.filter(pk=canary.pk).update(
+        steps=[{"set_weight": 10}, {"analysis": {"timeout_s": 1, "inconclusive_limit": 1}}])
+    rollout_reconciler.advance(canary.pk, force=True)  # loading
+    rollout_reconciler.advance(canary.pk, force=True)  # 10%
+    rollout_reconciler.advance(canary.pk, force=True)  # the first look: its window starts
+    first = RolloutAnalysis.objects.get(rollout=canary)
+    time.sleep(1.1)
+    rollout_reconciler.advance(canary.pk, force=True)
+
+    again = RolloutAnalysis.objects.get(rollout=canary)
+    assert (again.verdict, again.inconclusive_ends) == ("running", 1)
+    assert again.window_start > first.window_start and again.spent == pytest.approx(0.025)
+    assert Rollout.objects.get(pk=canary.pk).state == State.PROGRESSING
+    said = RolloutEvent.objects.filter(rollout=canary, kind="analysis").last().message
+    assert said.startswith("analysis ended inconclusive (1 of 1 allowed): ") and (
+        "judging again on fresh evidence" in said), said
+
+    time.sleep(1.1)
+    rollout_reconciler.advance(canary.pk, force=True)
+    ended = Rollout.objects.get(pk=canary.pk)
+    assert ended.state == State.PAUSED and "analysis was inconclusive" in ended.waiting_for
+    assert RolloutAnalysis.objects.get(rollout=canary).verdict == "inconclusive"
