@@ -330,6 +330,10 @@ SWITCHYARD_ROUTE_PORTS = range(_first_port, _last_port + 1)
 SWITCHYARD_ROUTE_APPLY_LEASE_S = env_float("SWITCHYARD_ROUTE_APPLY_LEASE_S", 60.0, minimum=5.0)
 SWITCHYARD_ROLLOUT_INTERVAL_S = env_float("SWITCHYARD_ROLLOUT_INTERVAL_S", 1.0, minimum=0.2)
 SWITCHYARD_ROLLOUT_LEASE_S = env_float("SWITCHYARD_ROLLOUT_LEASE_S", 15.0, minimum=1.0)
+# The platform's Prometheus, which analyses' metric gates (rollouts/canary/metrics.py) query
+# through the metric templates platform admins write; empty: no metric gates.
+SWITCHYARD_PROMETHEUS_URL = env_str("SWITCHYARD_PROMETHEUS_URL", "")
+SWITCHYARD_PROMETHEUS_TIMEOUT_S = env_float("SWITCHYARD_PROMETHEUS_TIMEOUT_S", 2.0, minimum=0.1)
 CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
     "task": "rollouts.tasks.reconcile_rollouts",
     "schedule": timedelta(seconds=SWITCHYARD_ROLLOUT_INTERVAL_S),

@@ -4,7 +4,15 @@ so are model loads, which the reconciler drives."""
 from django.contrib import admin
 
 from fleet.admin import AuditedAdmin
-from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelLoadEvent, ModelVersion
+from rollouts.models import (
+    Alias,
+    Deployment,
+    MetricTemplate,
+    Model,
+    ModelLoad,
+    ModelLoadEvent,
+    ModelVersion,
+)
 
 
 class VersionInline(admin.TabularInline):
@@ -81,3 +89,12 @@ class ModelLoadAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
         return False
+
+
+@admin.register(MetricTemplate)
+class MetricTemplateAdmin(AuditedAdmin):
+    """PromQL queries analyses may use as gates (rollouts/canary/metrics.py): platform admins
+    write them, tenants name them with a range."""
+
+    list_display = ["name", "unit", "updated_at"]
+    search_fields = ["name", "query"]

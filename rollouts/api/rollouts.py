@@ -35,6 +35,7 @@ from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from rollouts.api.routes import VersionWeightsField
 from rollouts.api.serializers import DecisionSerializer
 from rollouts.canary import analysis as canary_analysis
+from rollouts.canary import metrics as canary_metrics
 from rollouts.canary import requests as rollout
 from rollouts.canary import specs
 from rollouts.models import (
@@ -67,9 +68,24 @@ def _setting_schema(key: str) -> dict[str, Any]:
     return schema
 
 
+METRIC_GATE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["template"], "additionalProperties": False,
+    "description": ("A metric gate: a metric template's value (PromQL on the platform's "
+                    "Prometheus) must stay in [min, max]; beyond it in `failures` "
+                    "measurements in a row (taken every `every_s`) fails the analysis"),
+    "properties": {
+        "template": {"type": "string", "description": "A metric template's name "
+                     "(GET /api/v1/metric-templates/)"},
+        "min": {"type": "number"}, "max": {"type": "number"},
+        **{key: {"type": "integer", "minimum": low, "maximum": high}
+           for key, (low, high) in canary_metrics.LIMITS.items()},
+    },
+}
 ANALYSIS_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {key: _setting_schema(key) for key in canary_analysis.ANALYSIS_DEFAULTS},
+    "properties": {**{key: _setting_schema(key) for key in canary_analysis.ANALYSIS_DEFAULTS},
+                   "metrics": {"type": "array", "maxItems": canary_metrics.MAX_GATES,
+                               "items": METRIC_GATE_SCHEMA}},
     "additionalProperties": False,
     "description": (
         "How analyses judge the candidate; settings left out take their defaults. "

@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import benchmarks, rollouts, routes, views, workloads
+from rollouts.api import benchmarks, metric_templates, rollouts, routes, views, workloads
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -10,6 +10,8 @@ router.register("deployments", views.DeploymentViewSet, basename="deployment")
 router.register("loads", views.ModelLoadViewSet, basename="load")
 router.register("routes", routes.RouteViewSet, basename="route")
 router.register("rollouts", rollouts.RolloutViewSet, basename="rollout")
+router.register("metric-templates", metric_templates.MetricTemplateViewSet,
+                basename="metric-template")
 router.register("benchmarks", benchmarks.BenchmarkJobViewSet, basename="benchmark")
 router.register("workloads", workloads.WorkloadViewSet, basename="workload")
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from console.exceptions import DomainError
 from fleet.models import InferenceServer
-from rollouts.canary import abtest, judge, policy
+from rollouts.canary import abtest, judge, metrics, policy
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
 from rollouts.traffic import sample_types, samples
 
@@ -62,8 +62,11 @@ def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
         raise DomainError("must be an object", field=field)
     out: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == "metrics":
+            out[key] = metrics.parse(value, f"{field}.metrics")
+            continue
         if key not in ANALYSIS_LIMITS:
-            known = ", ".join(sorted(ANALYSIS_LIMITS))
+            known = ", ".join(sorted([*ANALYSIS_LIMITS, "metrics"]))
             raise DomainError(f"unknown setting {str(key)[:40]!r}; known: {known}", field=field)
         if value is None and ANALYSIS_DEFAULTS[key] is None:
             out[key] = None
@@ -83,7 +86,7 @@ def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
 def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings an analysis runs with: defaults, the rollout's, the step's; the SLO
     ceilings from the deployment where none were given."""
-    config = {**ANALYSIS_DEFAULTS, **(rollout.analysis or {}), **(overrides or {})}
+    config = {**ANALYSIS_DEFAULTS, "metrics": [], **(rollout.analysis or {}), **(overrides or {})}
     if config["max_p99_ms"] is None:
         config["max_p99_ms"] = float(rollout.deployment.slo_p99_ms)
     if config["max_error_rate"] is None:
@@ -244,10 +247,16 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
         min_samples=config["min_samples"], last=last or row.weight >= 100,
         planned_samples=config["planned_samples"], elapsed_s=now - row.window_start,
         timeout_s=config["timeout_s"], shadow=shadow)
+    slo = gates_json(judgement)
+    gate_reasons: list[str] = []
+    if config.get("metrics"):
+        ended, headline, slo["metrics"] = _metric_gates(row, config, ended, headline, now)
+        slo["window_start"] = row.window_start
+        gate_reasons = [metrics.describe(m) for m in slo["metrics"]]
     fields: dict[str, Any] = {
         "looks": row.looks + 1, "spent": config["alpha"] / policy.fresh_starts(config),
-        "judgement": judgement.to_json(), "slo": gates_json(judgement),
-        "reasons": [headline, *judgement.reasons, *([kept] if kept else [])],
+        "judgement": judgement.to_json(), "slo": slo,
+        "reasons": [headline, *judgement.reasons, *gate_reasons, *([kept] if kept else [])],
         "updated_at": timezone.now(),
     }
     if ended == judge.FAIL:
@@ -268,6 +277,24 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
         fields.update(verdict=ended, finished_at=timezone.now())
     _record(row, fields)
     return ended
+
+
+def _metric_gates(row: RolloutAnalysis, config: dict[str, Any], ended: str, headline: str,
+                  now: float) -> tuple[str, str, list[dict[str, Any]]]:
+    """The analysis's metric gates measured (those due) and judged with the look's end: a
+    gate that fails the analysis fails it whatever the judge said; a pass waits for every
+    gate's latest measurement within its range. Measurements of an earlier window (before a
+    fresh start) are not carried over."""
+    kept = row.slo or {}
+    previous = kept.get("metrics", []) if kept.get("window_start") == row.window_start else []
+    rows, failed, ok = metrics.judge(config["metrics"], previous, row.rollout, now)
+    if failed and ended != judge.FAIL:
+        return judge.FAIL, failed, rows
+    if ended == judge.PASS and not ok:
+        waiting = ", ".join(r["template"] for r in rows if r.get("state") != "ok")
+        return policy.RUNNING, f"the judge is settled; waiting for metric {waiting} to be " \
+                               "measured within its range", rows
+    return ended, headline, rows
 
 
 def same_span(canary: list[sample_types.Sample], baseline: list[sample_types.Sample],

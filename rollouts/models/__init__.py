@@ -2,6 +2,7 @@ from .benchmarks import BenchmarkJob
 from .deployments import Deployment
 from .latency import LatencyRollup
 from .loads import ModelLoad, ModelLoadEvent
+from .metrics import MetricTemplate
 from .registry import Alias, Model, ModelVersion
 from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
@@ -12,6 +13,7 @@ __all__ = [
     "BenchmarkJob",
     "Deployment",
     "LatencyRollup",
+    "MetricTemplate",
     "Model",
     "ModelLoad",
     "ModelLoadEvent",

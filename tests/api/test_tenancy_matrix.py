@@ -50,6 +50,7 @@ from rollouts.models import (
     Alias,
     BenchmarkJob,
     Deployment,
+    MetricTemplate,
     Model,
     ModelLoad,
     ModelVersion,
@@ -140,6 +141,11 @@ class World:
     @cached_property
     def cluster(self) -> Cluster:
         return ClusterFactory(name="cluster-1")
+
+    @cached_property
+    def metric_template(self) -> MetricTemplate:
+        return MetricTemplate.objects.create(
+            name="error-ratio", query='max(errors{model="{{ model }}"})')
 
     @cached_property
     def kube_cluster(self) -> Cluster:
@@ -646,6 +652,9 @@ OPS: list[Op] = [
     ),
     *read_ops("cluster", "clusters", Cluster, ("cluster", None), scope="fleet",
               hidden=CLUSTER_PLATFORM_FIELDS),
+    # Metric templates: written by platform admins in the admin, read by every member.
+    *read_ops("metric-template", "metric-templates", MetricTemplate, ("metric_template", None),
+              scope="fleet"),
     *platform_write_ops(
         "cluster", "clusters", Cluster, "cluster",
         create=lambda w: {"name": "gpu-west", "kind": "static"},

@@ -167,3 +167,116 @@ def test_an_inconclusive_end_within_the_limit_starts_again_and_the_next_pauses(c
     ended = Rollout.objects.get(pk=canary.pk)
     assert ended.state == State.PAUSED and "analysis was inconclusive" in ended.waiting_for
     assert RolloutAnalysis.objects.get(rollout=canary).verdict == "inconclusive"
+
+
+# --------------------------------------------------------------------------------------------
+# Metric gates, on the session's real Prometheus
+# --------------------------------------------------------------------------------------------
+
+
+def _prometheus_answers(url: str, query: str, limit_s: float = 15.0) -> None:
+    """Wait until Prometheus has scraped the static page the query reads."""
+    import time
+
+    from fleet.adapters.metrics.prometheus import PrometheusSource
+
+    end = time.monotonic() + limit_s
+    while PrometheusSource(url).query(query) == [] and time.monotonic() < end:
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def gated(canary, local_prometheus, settings):
+    """The canary, with an analysis gated on a metric template whose series the test sets on
+    Prometheus' static page."""
+    from rollouts.models import MetricTemplate
+
+    settings.SWITCHYARD_PROMETHEUS_URL = local_prometheus.url
+    model = canary.deployment.model.name
+    MetricTemplate.objects.create(
+        name="gpu-memory-ratio", unit="",
+        query='max(switchyard_test_gpu_memory_ratio{model="{{ model }}", '
+              'version="{{ candidate }}"})')
+
+    def publish(value: float) -> None:
+        local_prometheus.static.text = (
+            f'switchyard_test_gpu_memory_ratio{{model="{model}",version="2"}} {value}\n')
+        query = (f'switchyard_test_gpu_memory_ratio{{model="{model}",version="2"}} == {value}')
+        _prometheus_answers(local_prometheus.url, query)
+
+    Rollout.objects.filter(pk=canary.pk).update(steps=[
+        {"set_weight": 10},
+        {"analysis": {"metrics": [{"template": "gpu-memory-ratio", "max": 0.9, "every_s": 1}]}}])
+    canary.publish = publish
+    return canary
+
+
+def test_a_metric_gate_beyond_its_range_twice_in_a_row_rolls_the_canary_back(gated):
+    import time
+
+    from rollouts.models import RolloutAnalysis
+
+    gated.publish(0.97)
+    for _ in range(3):  # loading, 10%, the first look
+        rollout_reconciler.advance(gated.pk, force=True)
+    first = RolloutAnalysis.objects.get(rollout=gated).slo["metrics"][0]
+    assert (first["state"], first["value"], first["beyond_run"]) == ("beyond", 0.97, 1)
+    assert 'version="2"' in first["query"] and gated.deployment.model.name in first["query"]
+    assert Rollout.objects.get(pk=gated.pk).state == State.PROGRESSING  # one is not enough
+    time.sleep(1.05)
+    rollout_reconciler.advance(gated.pk, force=True)
+
+    ended = Rollout.objects.get(pk=gated.pk)
+    assert ended.state == State.ROLLED_BACK
+    assert ("metric gpu-memory-ratio 0.97 is beyond at most 0.9 (2 measurements in a row)"
+            in ended.reason), ended.reason
+    assert ended.weights == {"1": 100}
+
+
+def test_a_metric_gate_within_waits_and_one_prometheus_cannot_answer_fails_safe(gated, settings):
+    import time
+
+    from rollouts.models import RolloutAnalysis
+
+    gated.publish(0.5)
+    for _ in range(3):
+        rollout_reconciler.advance(gated.pk, force=True)
+    row = RolloutAnalysis.objects.get(rollout=gated)
+    assert row.slo["metrics"][0]["state"] == "ok" and row.verdict == "running"
+    assert "metric gpu-memory-ratio 0.5, allowed at most 0.9: within" in row.reasons
+
+    settings.SWITCHYARD_PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens there
+    for _ in range(4):
+        time.sleep(1.05)
+        rollout_reconciler.advance(gated.pk, force=True)
+    ended = Rollout.objects.get(pk=gated.pk)
+    assert ended.state == State.ROLLED_BACK, ended.reason
+    assert "metric gpu-memory-ratio could not be measured 4 times in a row" in ended.reason
+
+
+def test_metric_gates_are_refused_naming_the_field_without_a_template_or_a_prometheus(
+        canary, dave, settings):
+    from console.exceptions import DomainError
+    from rollouts.canary.analysis import parse_analysis
+    from rollouts.canary.metrics import render
+    from rollouts.models import MetricTemplate
+
+    settings.SWITCHYARD_PROMETHEUS_URL = ""
+    with pytest.raises(DomainError) as refused:
+        parse_analysis({"metrics": [{"template": "x", "max": 1}]})
+    assert refused.value.field == "analysis.metrics" and "SWITCHYARD_PROMETHEUS_URL" in str(
+        refused.value)
+    settings.SWITCHYARD_PROMETHEUS_URL = "http://127.0.0.1:9090"
+    MetricTemplate.objects.create(name="queue", query="max(q)")
+    for gate, field, words in [
+        ({"template": "nope", "max": 1}, "analysis.metrics[0].template", "known: queue"),
+        ({"template": "queue"}, "analysis.metrics[0]", "give min, max or both"),
+        ({"template": "queue", "min": 2, "max": 1}, "analysis.metrics[0].min", "above max"),
+        ({"template": "queue", "max": 1, "every_s": 0}, "analysis.metrics[0].every_s", "from 1"),
+        ({"template": "queue", "max": "1"}, "analysis.metrics[0].max", "a number"),
+    ]:
+        with pytest.raises(DomainError) as refused:
+            parse_analysis({"metrics": [gate]})
+        assert (refused.value.field, words in str(refused.value)) == (field, True), refused.value
+    # A name can never close the quotes it stands in.
+    assert render('x{m="{{ model }}"}', {"model": 'a"}) or vector(1'}) == 'x{m="a\\"}) or vector(1"}'
