@@ -154,7 +154,9 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> Triton
     written last records the result; a venv without a valid marker (half made, other Python
     minor) is removed and rebuilt. Concurrent callers are serialised with a file lock.
     """
-    runtimes = Path(data_dir).resolve() / "runtimes"
+    # Resolved: a runtimes folder linked to a shared cache (scripts/test links a fresh
+    # checkout's) records the cache's own paths, which outlive the checkout.
+    runtimes = (Path(data_dir) / "runtimes").resolve()
     venv_dir = runtimes / RUNTIME_NAME
     with _file_lock(runtimes / f"{RUNTIME_NAME}.lock"):
         existing = _load_marker(venv_dir)

@@ -164,7 +164,9 @@ def ensure_runtime(data_dir: Path, progress: ProgressFn | None = None) -> VLLMRu
     a valid marker (half made, other pins or Python minor) is removed and rebuilt. Concurrent
     callers are serialised with a file lock. The first build takes a few minutes and ~2.6 GB.
     """
-    runtimes = Path(data_dir).resolve() / "runtimes"
+    # Resolved: a runtimes folder linked to a shared cache (scripts/test links a fresh
+    # checkout's) records the cache's own paths, which outlive the checkout.
+    runtimes = (Path(data_dir) / "runtimes").resolve()
     venv_dir = runtimes / RUNTIME_NAME
     with _file_lock(runtimes / f"{RUNTIME_NAME}.lock"):
         existing = _load_marker(venv_dir)
