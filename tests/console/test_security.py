@@ -655,8 +655,10 @@ def test_the_api_docs_render_under_the_policy(watched, alice):
     expect(w.page.locator("redoc h1").first).to_be_visible()
     expect(w.page.locator("redoc")).to_contain_text("/api/v1/deployments/")
     # ReDoc always shows a logo from its vendor's CDN; the policy keeps that request from
-    # leaving (ReDoc then hides the image). It is the only refusal.
-    assert len(redoc) == 2 and all(REDOC_LOGO in p for p in redoc), redoc
+    # leaving (ReDoc then hides the image). It is the only refusal (reported once or twice:
+    # the browser's console line and the page's violation event need not both arrive before
+    # the page is read).
+    assert redoc and len(redoc) <= 2 and all(REDOC_LOGO in p for p in redoc), redoc
 
 
 @pytest.mark.browser
