@@ -127,9 +127,13 @@ def test_start_failure_raises_with_the_log_tail(vllm_runtime: VLLMRuntime, tmp_p
     assert set(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*")) <= scratch_before
 
 
-def test_start_and_stop_leaves_no_process(
+def test_a_server_stopped_from_its_pid_leaves_no_process_and_no_scratch(
     vllm_runtime: VLLMRuntime, vllm_base_model: Path, tmp_path: Path
 ):
+    """One server (each start costs ~50 s on 2 cores): stopped as another process stops it,
+    from its pid (a pidfile), every process of its group ends and its scratch folder goes;
+    the handle's own stop() is then safe, twice, and a stale pid is ignored. (stop() on a
+    running server is what every fixture's teardown does: the same group SIGTERM.)"""
     server = start_vllm(
         vllm_runtime,
         vllm_base_model,
@@ -144,36 +148,17 @@ def test_start_and_stop_leaves_no_process(
         assert list(served(server)) == ["smollm2-second"]
         scratch = server.scratch_dir
         assert scratch is not None and scratch.is_dir()
-    finally:
-        server.stop()
-    assert not server.is_running()
-    assert server.group_pids() == []
-    assert not any(running(pid) for pid in pids)
-    assert not scratch.exists()
-    server.stop()  # twice is fine
-    assert stop_pid(server.pid) is False  # gone: a stale pidfile is ignored
-
-
-def test_stop_pid_stops_a_server_started_elsewhere(
-    vllm_runtime: VLLMRuntime, vllm_base_model: Path, tmp_path: Path
-):
-    server = start_vllm(
-        vllm_runtime,
-        vllm_base_model,
-        served_model_name="smollm2-pidfile",
-        log_path=tmp_path / "vllm.log",
-        enable_lora=False,
-    )
-    try:
-        pids = server.group_pids()
         assert stop_pid(server.pid) is True
         assert server._popen is not None
         server._popen.wait(5)
         assert not any(running(pid) for pid in pids)
-        assert server.scratch_dir is not None and not server.scratch_dir.exists()
+        assert not scratch.exists()
     finally:
         server.stop()
-    assert stop_pid(server.pid) is False
+    assert not server.is_running()
+    assert server.group_pids() == []
+    server.stop()  # twice is fine
+    assert stop_pid(server.pid) is False  # gone: a stale pidfile is ignored
 
 
 def test_ensure_runtime_and_model_are_quick_the_second_time(vllm_runtime: VLLMRuntime):
