@@ -845,15 +845,17 @@ def candidate_weights_applied(world, version: int) -> list[int]:
 
 
 def test_a_slow_candidate_is_stopped_on_its_shadow_copies_before_it_serves_anyone(stack):
-    """A shadow step first: the candidate (2.6 times as slow by its config) gets copies of
-    every request while v1 answers them all; the judge compares each copy's time with the
-    same request's time on v1, fails it, and the copies stop. No client was ever routed to
-    it: every route revision gave it 0%, and every answer came from v1."""
+    """A shadow step first: the candidate (twice as slow by its config) gets copies of a
+    quarter of the requests (not all: its one model instance would queue copies for seconds,
+    which the judge fails too, but the teardown then waits them out) while v1 answers them
+    all; the judge compares each copy's time with the same request's time on v1, fails it,
+    and the copies stop. No client was ever routed to it: every route revision gave it 0%,
+    and every answer came from v1."""
     world = stack
-    world.version(3, config=slow_config(3, 12))
+    world.version(3, config=slow_config(3, 8))
     made, _ = rollouts.create_rollout(
         world.user, world.deployment, version=3,
-        steps=[{"shadow": {}}, {"set_weight": 50}, {"analysis": {}}],
+        steps=[{"shadow": {"percent": 25}}, {"set_weight": 50}, {"analysis": {}}],
         analysis_settings=quick(min_samples=50))
 
     with Traffic(world.route_url, world.model.name) as traffic:
@@ -864,10 +866,10 @@ def test_a_slow_candidate_is_stopped_on_its_shadow_copies_before_it_serves_anyon
     assert ended.reason.startswith("analysis failed on its shadow copies v3"), (
         ended.reason, [(a.step_index, a.reasons, a.judgement) for a in ended.analyses.all()])
     judged = RolloutAnalysis.objects.get(rollout=ended)
-    assert (judged.weight, judged.verdict, judged.config["shadow_percent"]) == (0, "fail", 100)
+    assert (judged.weight, judged.verdict, judged.config["shadow_percent"]) == (0, "fail", 25)
     paired = next(m for m in judged.judgement["metrics"] if m["name"] == "paired")
     assert paired["state"] == "fail" and paired["low"] > math.log(1.05), paired
-    assert paired["canary"] > 2 * paired["baseline"], paired  # the servers' own times, paired
+    assert paired["canary"] > paired["baseline"], paired  # the servers' own times, paired
     # Nobody was served by v3: 0% in every revision; the copies are gone again.
     assert set(candidate_weights_applied(world, 3)) == {0}
     route = Route.objects.get(pk=world.deployment.pk)
