@@ -179,15 +179,39 @@ def _post(
     """POST the delivery once, outside any transaction, to the first of ``addresses`` that
     takes the connection (none: an allowed host, reached as the URL says): (status, "") or
     (None, why there was no answer). The answer's body is not read."""
-    body = body_of(delivery)
+    return _send(delivery.webhook, body_of(delivery), delivery.event, target, addresses,
+                 {"X-Switchyard-Delivery": str(delivery.pk)})
+
+
+def ask(webhook: Webhook, event: str, data: dict[str, Any], summary: str = "") -> tuple[int | None, str]:
+    """POST one signed JSON document to ``webhook`` now and return its answer: (status, "")
+    or (None, why there was none). For gates that wait on a receiver's say (a rollout's
+    confirm step): not queued, not retried (the caller asks again), the same fence as every
+    delivery (a refused address is (None, the reason)); what the receiver says is not read,
+    only its status."""
+    document = {"event": event, "tenant": webhook.tenant.slug, "summary": summary, "data": data,
+                "created_at": timezone.now().isoformat().replace("+00:00", "Z")}
+    body = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+    try:
+        target, addresses = outbound.resolve(
+            webhook.url, allowed_hosts=settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS)
+    except outbound.Refused as exc:
+        return None, exc.message
+    except outbound.Unresolved as exc:
+        return None, str(exc)
+    return _send(webhook, body, event, target, addresses, {})
+
+
+def _send(webhook: Webhook, body: bytes, event: str, target: outbound.Target,
+          addresses: list[str], extra_headers: dict[str, str]) -> tuple[int | None, str]:
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
-        "X-Switchyard-Event": delivery.event,
-        "X-Switchyard-Delivery": str(delivery.pk),
+        "X-Switchyard-Event": event,
+        **extra_headers,
         "X-Switchyard-Timestamp": str(timestamp),
-        "X-Switchyard-Signature": sign(delivery.webhook.secret, timestamp, body),
+        "X-Switchyard-Signature": sign(webhook.secret, timestamp, body),
     }
     timeout = settings.SWITCHYARD_WEBHOOK_TIMEOUT_S
     # No proxy from the environment: the connection must go to the address checked.

@@ -119,6 +119,19 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
          "properties": {"max_drop_pct": {"type": "number", "minimum": 0, "maximum": 100,
                                          "default": 10},
                         "mode": {"type": "string", "enum": ["concurrency", "rate"]}}}}},
+    {"type": "object", "required": ["confirm"], "additionalProperties": False,
+     "properties": {"confirm": {
+         "type": "object", "required": ["webhook"], "additionalProperties": False,
+         "description": (
+             "Hold until the tenant's webhook answers a signed POST (event rollout.confirm) "
+             "with a 2xx, asking every every_s; no 2xx within timeout_s goes back to the "
+             "baseline. First in the list: confirm-rollout; last: confirm-promotion"),
+         "properties": {
+             "webhook": {"type": "string", "description": "One of the tenant's active webhooks"},
+             "timeout_s": {"type": "integer", "minimum": 1, "maximum": specs.MAX_PAUSE_S,
+                           "default": specs.CONFIRM_TIMEOUT_S},
+             "every_s": {"type": "integer", "minimum": 1, "maximum": 3600,
+                         "default": specs.CONFIRM_EVERY_S}}}}},
     {"type": "object", "required": ["shadow"], "additionalProperties": False,
      "properties": {"shadow": {
          **ANALYSIS_SCHEMA,
@@ -140,7 +153,7 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
         "Canary: the steps, in order (default: 5%, analysis, 25%, analysis, 50%, analysis). "
         "Each is one of {\"set_weight\": N}, {\"pause\": {}}, {\"pause\": {\"seconds\": N}}, "
         "{\"analysis\": {...}}, {\"approval\": {}}, {\"benchmark\": {...}}, "
-        "{\"shadow\": {\"percent\": N, ...}}."
+        "{\"shadow\": {\"percent\": N, ...}}, {\"confirm\": {\"webhook\": NAME}}."
     ),
     "example": [{"set_weight": 10}, {"analysis": {}}, {"set_weight": 50},
                 {"pause": {"seconds": 300}}],

@@ -85,7 +85,7 @@ class RolloutStartForm(DomainForm):
     )
     steps = _json_field("Steps (JSON)", "set_weight, pause ({} or {\"seconds\": N}), analysis, "
                         "approval, benchmark, shadow ({\"percent\": 100} first: copies "
-                        "judged before anyone is served)")
+                        "judged before anyone is served), confirm ({\"webhook\": NAME})")
     analysis = _json_field("Analysis settings (JSON, optional)",
                            "e.g. {\"min_samples\": 200, \"latency_tolerance_pct\": 5}; the "
                            "deployment's SLO is the default ceiling")

@@ -59,6 +59,9 @@ def describe_step(step: dict[str, Any]) -> str:
         given = ", ".join(f"{k} {v}" for k, v in value.items() if k != "percent")
         return (f"shadow: copies of {value['percent']}% of the requests, judged each against "
                 "its own time on the stable version" + (f" ({given})" if given else ""))
+    if kind == "confirm":
+        return (f"confirm: wait for webhook {value['webhook']} to answer 2xx (asked every "
+                f"{value['every_s']} s, back to stable after {value['timeout_s']} s)")
     if kind == "benchmark":
         return (f"benchmark gate: capacity within its SLO at most {value['max_drop_pct']:g}% "
                 "below the stable version's")

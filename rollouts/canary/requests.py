@@ -23,7 +23,7 @@ from console.exceptions import Conflict, DomainError
 from fleet import audit
 from fleet.audit import actor_label
 from fleet.inventory.routers import has_router
-from fleet.models import Membership
+from fleet.models import Membership, Webhook
 from fleet.tenancy.scoping import require_role, token_of
 from fleet.tenancy.tokens import person_id
 from rollouts import idempotency
@@ -164,7 +164,9 @@ def create_rollout(
         loads.check_runtime(candidate, list(deployment.servers.filter(name__in=chosen)))
         fields.update(
             baseline=deployment.model.versions.get(version=base_number), candidate=candidate,
-            steps=specs.parse_steps(steps), servers=chosen, promote=True,
+            steps=specs.parse_steps(steps, webhooks=set(Webhook.objects.filter(
+                tenant=deployment.tenant, active=True).values_list("name", flat=True))),
+            servers=chosen, promote=True,
             alias=(routes.PRODUCTION_ALIAS if deployment.production else "")
             if alias_given is None else alias_given,
         )

@@ -22,11 +22,18 @@ A canary's steps::
                                     copy's time is judged against the same request's time on
                                     the baseline; the other keys are analysis settings. Only
                                     where the candidate's weight is still 0
+    {"confirm": {"webhook": "release-bot", "timeout_s": 3600, "every_s": 10}}
+                                    hold until the tenant's webhook answers a signed POST
+                                    (event rollout.confirm) with a 2xx, asking every
+                                    ``every_s``; no 2xx within ``timeout_s`` goes back to the
+                                    baseline. First: confirm-rollout; before the end:
+                                    confirm-promotion; between weights: confirm the increase
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from console.exceptions import DomainError
@@ -42,6 +49,8 @@ DEFAULT_STEPS: list[dict[str, Any]] = [
 ]
 MAX_STEPS = 100
 SHADOW_PERCENT = 100  # a shadow step copies every request unless it says otherwise
+CONFIRM_TIMEOUT_S = 3600  # a confirm step waits this long for a 2xx
+CONFIRM_EVERY_S = 10  # ... asking this often
 MAX_PAUSE_S = 7 * 24 * 3600
 ALIAS_NAME = re.compile(r"[A-Za-z0-9_-]{0,64}")
 HEADER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
@@ -63,8 +72,9 @@ ACTION_FROM: dict[str, list[str]] = {
 }
 
 
-def parse_steps(raw: object) -> list[dict[str, Any]]:
-    """A canary's step list, checked (see the module's documentation for the forms)."""
+def parse_steps(raw: object, webhooks: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """A canary's step list, checked (see the module's documentation for the forms);
+    ``webhooks``: the names a confirm step may use (None: not checked here)."""
     if raw is None:
         return [dict(s) for s in DEFAULT_STEPS]
     if not isinstance(raw, list) or not raw:
@@ -77,7 +87,7 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
         where = f"steps[{index}]"
         if not isinstance(step, dict) or len(step) != 1:
             raise DomainError("a step is an object with one of set_weight, pause, analysis, "
-                              "approval, benchmark, shadow", field=where)
+                              "approval, benchmark, shadow, confirm", field=where)
         (kind, value), = step.items()
         if kind == "set_weight":
             if not is_number(value) or value != int(value) or not 0 <= value <= 100:
@@ -100,6 +110,8 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
             out.append({"approval": {}})
         elif kind == "benchmark":
             out.append({"benchmark": _parse_benchmark_step(value, where)})
+        elif kind == "confirm":
+            out.append({"confirm": _parse_confirm_step(value, where, webhooks)})
         elif kind == "shadow":
             if weight:
                 raise DomainError(f"a shadow step runs before the candidate serves anyone; here "
@@ -108,7 +120,31 @@ def parse_steps(raw: object) -> list[dict[str, Any]]:
             out.append({"shadow": _parse_shadow_step(value, where)})
         else:
             raise DomainError(f"unknown step {str(kind)[:40]!r}: set_weight, pause, analysis, "
-                              "approval, benchmark or shadow", field=where)
+                              "approval, benchmark, shadow or confirm", field=where)
+    return out
+
+
+def _parse_confirm_step(value: object, where: str,
+                        webhooks: Collection[str] | None) -> dict[str, Any]:
+    """``{"webhook": NAME, "timeout_s": 1-7 days (3600), "every_s": 1-3600 (10)}``, checked."""
+    if not isinstance(value, dict) or set(value) - {"webhook", "timeout_s", "every_s"}:
+        raise DomainError('confirm is {"webhook": NAME} and, optionally, "timeout_s" and '
+                          '"every_s"', field=where)
+    name = value.get("webhook")
+    if not isinstance(name, str) or not name:
+        raise DomainError("name one of the tenant's webhooks", field=f"{where}.webhook")
+    if webhooks is not None and name not in webhooks:
+        known = ", ".join(sorted(webhooks)[:20]) or "none yet"
+        raise DomainError(f"the tenant has no active webhook named {name[:100]!r}; its "
+                          f"webhooks: {known}", field=f"{where}.webhook")
+    out: dict[str, Any] = {"webhook": name}
+    for key, default, high in (("timeout_s", CONFIRM_TIMEOUT_S, MAX_PAUSE_S),
+                               ("every_s", CONFIRM_EVERY_S, 3600)):
+        got = value.get(key, default)
+        if not is_number(got) or got != int(got) or not 1 <= got <= high:
+            raise DomainError(f"an integer from 1 to {high}, got {got!r}"[:200],
+                              field=f"{where}.{key}")
+        out[key] = int(got)
     return out
 
 

@@ -97,6 +97,9 @@ class Rollout(IdempotentJob):
         max_length=64, blank=True, help_text="The alias promotion moves (empty: none)"
     )
     unload_previous = models.BooleanField(default=True)
+    step_state = models.JSONField(
+        default=dict, blank=True,
+        help_text="What the current step keeps between ticks (a confirm step's last ask)")
     dry_run = models.BooleanField(
         default=False, help_text="Canary: each weight is copies of that share of the requests, "
         "judged against the baseline's answers; no traffic moves and nothing is promoted")

@@ -346,7 +346,7 @@ def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a
     """GIVEN a rollout of tenant A rolling back and a webhook for rollbacks only
     WHEN the reconciler moves it to rolled_back
     THEN one delivery carries the rollout, and the receiver gets it signed."""
-    from rollouts.canary import reconciler
+    from rollouts.canary import actions
     from rollouts.models import Rollout
     from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
 
@@ -360,7 +360,7 @@ def test_a_rollout_that_rolls_back_notifies_its_tenants_webhooks(alice, tenant_a
     )
 
     with TestCase.captureOnCommitCallbacks(execute=True):
-        reconciler._move(made, Rollout.State.ROLLED_BACK, "p99 breached", reason="p99 breached")
+        actions.move(made, Rollout.State.ROLLED_BACK, "p99 breached", reason="p99 breached")
 
     delivery = WebhookDelivery.objects.get()
     assert (delivery.webhook, delivery.event) == (webhook, "rollout.rolled_back")

@@ -280,3 +280,118 @@ def test_metric_gates_are_refused_naming_the_field_without_a_template_or_a_prome
         assert (refused.value.field, words in str(refused.value)) == (field, True), refused.value
     # A name can never close the quotes it stands in.
     assert render('x{m="{{ model }}"}', {"model": 'a"}) or vector(1'}) == 'x{m="a\\"}) or vector(1"}'
+
+
+# --------------------------------------------------------------------------------------------
+# Confirm steps: a tenant's webhook holds the rollout until it answers 2xx
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def release_bot(settings):
+    """A receiver on 127.0.0.1 answering each POST with the next of ``answers`` (then the
+    last again); the requests it got."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.fixtures.http_server import QuietHTTPServer
+
+    settings.SWITCHYARD_WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
+    bot = {"answers": [200], "got": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            bot["got"].append({"headers": dict(self.headers), "body": body,
+                               "data": json.loads(body)})
+            status = bot["answers"][min(len(bot["got"]), len(bot["answers"])) - 1]
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = QuietHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    bot["url"] = f"http://127.0.0.1:{server.server_address[1]}/confirm"
+    yield bot
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_confirm_step_holds_until_the_webhook_answers_2xx_and_says_each_answer(
+        canary, release_bot, alice):
+    import time
+
+    from fleet.webhooks.delivery import verify
+    from fleet.webhooks.requests import create_webhook
+    from rollouts.canary.specs import parse_steps
+    from rollouts.models import RolloutEvent
+
+    hook = create_webhook(alice, canary.tenant, name="release-bot", url=release_bot["url"])
+    steps = parse_steps([{"set_weight": 10}, {"confirm": {"webhook": "release-bot",
+                                                          "every_s": 1}}],
+                        webhooks={"release-bot"})
+    Rollout.objects.filter(pk=canary.pk).update(steps=steps)
+    release_bot["answers"] = [409, 409, 200]
+    for _ in range(3):  # loading, 10%, the first ask
+        rollout_reconciler.advance(canary.pk, force=True)
+    held = Rollout.objects.get(pk=canary.pk)
+    assert held.step_index == 1 and held.weights == {"1": 90, "2": 10}
+    assert held.waiting_for == "release-bot to confirm (asked 1 times, last answer: HTTP 409)"
+    rollout_reconciler.advance(canary.pk, force=True)  # within every_s: not asked again
+    assert len(release_bot["got"]) == 1
+    for _ in range(2):
+        time.sleep(1.05)
+        rollout_reconciler.advance(canary.pk, force=True)
+
+    moved = Rollout.objects.get(pk=canary.pk)
+    assert moved.step_index == 2 and moved.step_state == {}, moved.waiting_for
+    asked = release_bot["got"][0]
+    assert asked["headers"]["X-Switchyard-Event"] == "rollout.confirm"
+    assert verify(hook.webhook.secret, asked["headers"]["X-Switchyard-Timestamp"],
+                  asked["body"], asked["headers"]["X-Switchyard-Signature"])
+    data = asked["data"]["data"]
+    assert (data["rollout"], data["candidate"], data["baseline"], data["step"]) == (
+        canary.pk, 2, 1, 2)
+    said = list(RolloutEvent.objects.filter(rollout=canary, kind="step").values_list(
+        "message", flat=True))
+    # Each new answer once (two 409s, one line), then the confirmation.
+    assert sum("release-bot did not confirm yet (HTTP 409)" in m for m in said) == 1, said
+    assert "step 2: release-bot confirmed (HTTP 200)" in said
+
+
+def test_a_confirm_step_without_a_2xx_in_time_goes_back_to_the_baseline(
+        canary, release_bot, alice):
+    import time
+
+    from fleet.webhooks.requests import create_webhook
+
+    create_webhook(alice, canary.tenant, name="release-bot", url=release_bot["url"])
+    Rollout.objects.filter(pk=canary.pk).update(steps=[
+        {"set_weight": 10}, {"confirm": {"webhook": "release-bot", "every_s": 1, "timeout_s": 2}}])
+    release_bot["answers"] = [503]
+    for _ in range(3):
+        rollout_reconciler.advance(canary.pk, force=True)
+    time.sleep(2.05)
+    rollout_reconciler.advance(canary.pk, force=True)
+
+    ended = Rollout.objects.get(pk=canary.pk)
+    assert ended.state == State.ROLLED_BACK and ended.weights == {"1": 100}
+    assert ended.reason.startswith("step 2: release-bot did not confirm within 2 s (asked "), (
+        ended.reason)
+    assert "last answer: HTTP 503" in ended.reason
+
+
+def test_a_confirm_step_must_name_an_active_webhook_of_the_tenant(canary, dave, alice):
+    from console.exceptions import DomainError
+    from fleet.webhooks.requests import create_webhook
+
+    create_webhook(alice, canary.tenant, name="release-bot", url="https://hooks.example.com/x")
+    with pytest.raises(DomainError) as refused:
+        rollouts.create_rollout(dave, canary.deployment, version=2, baseline=1,
+                                steps=[{"confirm": {"webhook": "nope"}}])
+    assert refused.value.field == "steps[0].webhook"
+    assert "no active webhook named 'nope'; its webhooks: release-bot" in str(refused.value)

@@ -25,6 +25,7 @@ from django.core.exceptions import PermissionDenied
 from fleet.models import InferenceServer, Membership
 from local.triton import TritonProcess, start_triton
 from rollouts import leases
+from rollouts.canary import actions as rollout_actions
 from rollouts.canary import analysis as canary_analysis
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
@@ -682,7 +683,7 @@ def test_a_worker_that_died_holding_the_lease_is_taken_over_and_no_step_runs_twi
     assert ready.step_index == 0 and not ready.weights
 
     dead = rollout_reconciler._claim(made.pk, force=True)
-    rollout_reconciler._route(dead, {1: 80, 2: 20}, "step 1: 20% to v2")  # ...and the worker dies here
+    rollout_actions.route(dead, {1: 80, 2: 20}, "step 1: 20% to v2")  # ...and the worker dies here
     assert rollout_reconciler.advance(made.pk, force=True) == (None, False)  # its lease still holds
     time.sleep(1.2)
     state, again = rollout_reconciler.advance(made.pk, force=True)
@@ -693,7 +694,7 @@ def test_a_worker_that_died_holding_the_lease_is_taken_over_and_no_step_runs_twi
     assert any(m.startswith("took over from a worker whose lease ran out "
                             f"({dead.lease_owner[:8]})") for m in messages(took, "error"))
     with pytest.raises(leases.LostLease):
-        rollout_reconciler._update(dead, step_index=7)  # the dead worker's late write changes nothing
+        rollout_actions.update(dead, step_index=7)  # the dead worker's late write changes nothing
     ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert_each_step_once(world, ended)
@@ -837,6 +838,15 @@ def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):
 # --------------------------------------------------------------------------------------------
 
 
+def served_by_the_baseline(world, statuses: dict[int, int]) -> None:
+    """Every answer the clients got was a 200 from the baseline, but for a keep-alive
+    connection nginx's old workers closed at a reload, at most one a route change (``0``:
+    no answer; the client's POST is not retried)."""
+    changes = RouteRevision.objects.filter(route_id=world.deployment.pk,
+                                           result=RouteRevision.Result.APPLIED).count()
+    assert set(statuses) <= {200, 0} and statuses.get(0, 0) <= changes, (statuses, changes)
+
+
 def candidate_weights_applied(world, version: int) -> list[int]:
     """The candidate's weight in every route revision applied (what nginx was given)."""
     found = RouteRevision.objects.filter(route_id=world.deployment.pk,
@@ -875,7 +885,7 @@ def test_a_slow_candidate_is_stopped_on_its_shadow_copies_before_it_serves_anyon
     route = Route.objects.get(pk=world.deployment.pk)
     assert route.mirror_percent == 0 and route.version_weights.get(1) == 100
     assert set(served) == {n for n in served if n.startswith("v1-")} and traffic.statuses.get(200)
-    assert set(traffic.statuses) == {200}, traffic.statuses
+    served_by_the_baseline(world, traffic.statuses)
 
 
 def test_an_identical_candidate_passes_its_shadow_and_only_then_gets_its_first_weight(stack):
@@ -928,7 +938,8 @@ def test_a_dry_run_judges_copies_at_each_weight_and_ends_without_moving_traffic(
     assert judged.weight == 0 and judged.verdict == "pass"
     assert any(m["name"] == "paired" and m["state"] == "within"
                for m in judged.judgement["metrics"]), judged.judgement["metrics"]
-    assert set(candidate_weights_applied(world, 2)) == {0} and set(traffic.statuses) == {200}
+    assert set(candidate_weights_applied(world, 2)) == {0}
+    served_by_the_baseline(world, traffic.statuses)
     mirrors = [r.mirror for r in RouteRevision.objects.filter(route_id=world.deployment.pk)]
     assert any(m and m["variant"].startswith("v2-") and m["percent"] == 50 for m in mirrors)
     route = Route.objects.get(pk=world.deployment.pk)
