@@ -322,13 +322,15 @@ def summary(table: dict[str, dict]) -> dict:
 
 def goals(s: dict) -> list[tuple[str, bool]]:
     det = s["detection"]
-    return [
-        ("A/A false fail <= 5%", s["aa_false_fail_rate"] is not None and s["aa_false_fail_rate"] <= 0.05),
-        ("A/A false fail upper bound <= 6%", s["aa_false_fail_upper95"] is not None and s["aa_false_fail_upper95"] <= 0.06),
-        ("A/A inconclusive <= 10%", s["aa_inconclusive_rate"] is not None and s["aa_inconclusive_rate"] <= 0.10),
-        *[(f"detection {n} >= 95%", det.get(n, 0) >= 0.95) for n in DETECTION_GOALS if n in det],
-        ("no contradiction", s["contradictions"] == 0),
-    ]
+    out = []  # each goal the scenarios run can speak to
+    if s["aa_false_fail_rate"] is not None:
+        out += [("A/A false fail <= 5%", s["aa_false_fail_rate"] <= 0.05),
+                ("A/A false fail upper bound <= 6%", s["aa_false_fail_upper95"] <= 0.06)]
+    if s["aa_inconclusive_rate"] is not None:
+        out.append(("A/A inconclusive <= 10%", s["aa_inconclusive_rate"] <= 0.10))
+    out += [(f"detection {n} >= 95%", det[n] >= 0.95) for n in DETECTION_GOALS if n in det]
+    out.append(("no contradiction", s["contradictions"] == 0))
+    return out
 
 
 def main() -> None:
