@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from typing import Any
 
@@ -31,6 +30,7 @@ Verdict = RolloutAnalysis.Verdict
 # (rollouts.canary.policy), where the bench reads them too.
 ANALYSIS_DEFAULTS = policy.ANALYSIS_DEFAULTS
 ANALYSIS_LIMITS = policy.ANALYSIS_LIMITS
+is_number = policy.is_number
 # The candidate's requests failing upstream (no answer, 502, 504) over this many seconds, at
 # least UPSTREAM_MIN of them and at least UPSTREAM_SHARE of its requests: its server is down.
 UPSTREAM_WINDOW_S = 3.0
@@ -46,11 +46,6 @@ JUDGE_AGAIN_INCONCLUSIVE = "judge_again_inconclusive"
 # --------------------------------------------------------------------------------------------
 # The settings
 # --------------------------------------------------------------------------------------------
-
-
-def is_number(value: object) -> bool:
-    """A finite int or float, not a bool: what a number in a request body may be."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
@@ -292,8 +287,8 @@ def _metric_gates(row: RolloutAnalysis, config: dict[str, Any], ended: str, head
         return judge.FAIL, failed, rows
     if ended == judge.PASS and not ok:
         waiting = ", ".join(r["template"] for r in rows if r.get("state") != "ok")
-        return policy.RUNNING, f"the judge is settled; waiting for metric {waiting} to be " \
-                               "measured within its range", rows
+        why = f"the judge is settled; waiting for metric {waiting} to be measured within its range"
+        return policy.RUNNING, why, rows
     return ended, headline, rows
 
 

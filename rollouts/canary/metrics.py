@@ -26,9 +26,11 @@ from django.conf import settings
 
 from console.exceptions import DomainError
 from fleet.adapters.base import AdapterError
-from fleet.adapters.metrics.prometheus import PrometheusSource
+from fleet.adapters.metrics.prometheus import PrometheusSource, escape_label_value
+from rollouts.canary.policy import is_number
 from rollouts.models import MetricTemplate, Rollout
 from rollouts.models.metrics import PLACEHOLDER, VARIABLES
+from rollouts.traffic.specs import route_name
 
 MAX_GATES = 10
 EVERY_S = 10.0  # seconds between two measurements of a gate
@@ -38,10 +40,6 @@ INTERVAL_S = 60  # the window {{ interval }} stands for
 LIMITS = {"every_s": (1, 3600), "failures": (1, 100), "interval_s": (10, 86400)}
 
 Query = Callable[[str], list[tuple[dict[str, str], float]]]
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse(raw: object, field: str) -> list[dict[str, Any]]:
@@ -67,7 +65,7 @@ def parse(raw: object, field: str) -> list[dict[str, Any]]:
         gate: dict[str, Any] = {"template": name}
         for key in ("min", "max"):
             if item.get(key) is not None:
-                if not _number(item[key]):
+                if not is_number(item[key]):
                     raise DomainError(f"a number, got {item[key]!r}"[:200], field=f"{where}.{key}")
                 gate[key] = float(item[key])
         if "min" not in gate and "max" not in gate:
@@ -78,7 +76,7 @@ def parse(raw: object, field: str) -> list[dict[str, Any]]:
         for key, (low, high) in LIMITS.items():
             if key in item:
                 value = item[key]
-                if not _number(value) or value != int(value) or not low <= value <= high:
+                if not is_number(value) or value != int(value) or not low <= value <= high:
                     raise DomainError(f"an integer from {low} to {high}, got {value!r}"[:200],
                                       field=f"{where}.{key}")
                 gate[key] = int(value)
@@ -91,7 +89,7 @@ def variables(rollout: Rollout, interval_s: int) -> dict[str, str]:
     deployment = rollout.deployment
     return {
         "tenant": rollout.tenant.slug, "deployment": deployment.name,
-        "deployment_id": str(deployment.pk), "route": f"dep-{deployment.pk}",
+        "deployment_id": str(deployment.pk), "route": route_name(deployment),
         "model": deployment.model.name,
         "candidate": str(rollout.candidate.version) if rollout.candidate_id else "",
         "baseline": str(rollout.baseline.version), "interval": f"{interval_s}s",
@@ -105,8 +103,7 @@ def render(query: str, values: dict[str, str]) -> str:
         name = match.group(1)
         if name not in VARIABLES:
             raise ValueError(f"unknown placeholder {name}")
-        value = values[name]
-        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return escape_label_value(values[name])
 
     return PLACEHOLDER.sub(fill, query)
 
@@ -129,7 +126,9 @@ def measure(gate: dict[str, Any], query: str, ask: Query) -> tuple[str, float | 
     try:
         found = ask(query)
     except AdapterError as exc:
-        return "error", None, str(exc)[:300]
+        # Tenants read this: the platform's own address stays out of it.
+        said = str(exc).replace(settings.SWITCHYARD_PROMETHEUS_URL, "the platform's Prometheus")
+        return "error", None, said[:300]
     if len(found) != 1:
         what = "no series" if not found else f"{len(found)} series"
         return "error", None, f"the query answered {what}, not one number"

@@ -26,6 +26,7 @@ that a version proven at 25% need not be proven again from scratch at 50%.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,11 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "max_p99_ms": (0.001, 3_600_000, float),
     "max_error_rate": (0, 100, float),
 }
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float, not a bool: what a number in a request body may be."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def judge_config(config: dict[str, Any]) -> JudgeConfig:

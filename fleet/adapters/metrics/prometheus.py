@@ -27,10 +27,14 @@ TRITON_PROMQL_SUMMARIES: dict[str, str] = {
 }
 
 
+def escape_label_value(value: str) -> str:
+    """``value`` escaped as inside a double-quoted PromQL string (so it cannot close it)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _label_value(value: str) -> str:
     """Quote a PromQL label value."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
+    return f'"{escape_label_value(value)}"'
 
 
 class PrometheusSource:

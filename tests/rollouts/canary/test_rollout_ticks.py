@@ -252,6 +252,8 @@ def test_a_metric_gate_within_waits_and_one_prometheus_cannot_answer_fails_safe(
     ended = Rollout.objects.get(pk=gated.pk)
     assert ended.state == State.ROLLED_BACK, ended.reason
     assert "metric gpu-memory-ratio could not be measured 4 times in a row" in ended.reason
+    # The platform's Prometheus address is not the tenant's to read.
+    assert "127.0.0.1:9" not in ended.reason and "the platform's Prometheus" in ended.reason
 
 
 def test_metric_gates_are_refused_naming_the_field_without_a_template_or_a_prometheus(
