@@ -43,6 +43,12 @@ that is not in force on a Kubernetes gateway, or whose backend is none of the ro
 variants, raises :class:`~rollouts.traffic.sample_types.Unmapped` (counted ``unmapped``, dropped); a host
 that is no route's is a foreign route. Envoy does not log mirrored copies in the access log,
 so gateway samples have no ``mirror`` ones.
+
+A gateway's samples carry no split ``key``: the format is the gateway's, one for all routes,
+and cannot name each route's sticky header, so a sticky A/B split on Kubernetes is judged with
+every request a user of its own (per request); judging it per user needs the nginx router.
+Their ``header_ms`` is ``%RESPONSE_DURATION%`` (the time to the backend's first byte) and
+``stream`` is read from ``%RESP(CONTENT-TYPE)%``.
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ _COMMON_FORMAT = {
     "duration": "%DURATION%",
     "response_duration": "%RESPONSE_DURATION%",
     "bytes_sent": "%BYTES_SENT%",
+    "content_type": "%RESP(CONTENT-TYPE)%",
     "upstream_host": "%UPSTREAM_HOST%",
     "upstream_cluster": "%UPSTREAM_CLUSTER%",
     "route_name": "%ROUTE_NAME%",
@@ -141,6 +148,8 @@ class GatewayLine:
 
     ``t`` is when the request ended (its start plus its duration). ``answered``: the status
     came from the backend (``response_code_details`` ``via_upstream``), not from the gateway.
+    ``upstream_ms`` is ``%RESPONSE_DURATION%``, the time to the backend's first byte: the
+    sample's ``header_ms`` too. ``stream``: the backend answered ``text/event-stream``.
     """
 
     t: float
@@ -149,6 +158,7 @@ class GatewayLine:
     upstream_ms: float | None
     bytes: int
     answered: bool
+    stream: bool
     upstream_addr: str
     method: str
     path: str
@@ -244,6 +254,7 @@ def parse(data: Mapping[str, Any]) -> GatewayLine:
         upstream_ms=round(upstream_ms, 3) if upstream_ms is not None else None,
         bytes=int(_number(data, "bytes_sent") or 0),
         answered=answered,
+        stream=_text(data, "content_type", 64).lower().startswith("text/event-stream"),
         upstream_addr=_text(data, "upstream_host", 256),
         method=_text(data, "method", 16),
         path=_text(data, "path", MAX_PATH),
@@ -426,7 +437,7 @@ class RouteResolver:
             status=line.status, latency_ms=line.latency_ms, upstream_ms=line.upstream_ms,
             bytes=line.bytes, upstream_status=str(line.status) if line.answered else "",
             upstream_addr=line.upstream_addr, method=line.method, path=line.path,
-            request_id=line.request_id,
+            request_id=line.request_id, header_ms=line.upstream_ms, stream=line.stream,
         )
 
     def targets(self, deployment_id: int) -> RouteTargets:

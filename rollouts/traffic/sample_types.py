@@ -6,13 +6,16 @@ other."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 ROUTE_NAME = re.compile(r"^dep-([1-9][0-9]{0,17})$")
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as fleet.adapters.routers.base
 MAX_PATH = 512
+MAX_KEY = 256  # characters of a sticky header's value read (nginx logs at most this many)
 
 
 class SampleError(ValueError):
@@ -33,6 +36,17 @@ class Sample:
     byte sent. ``upstream_ms``: the server's part (``upstream_response_time``, None when no
     server was reached). ``status``: what the client got; ``upstream_status``: what the
     server answered ("" when none did).
+
+    ``key``: on a sticky route, who the request was for: a short keyed hash of the sticky
+    header's value (:func:`split_key`; never the value itself), so that an A/B split can be
+    judged per user; "" on other routes, for a request without the header, for a mirrored
+    copy and for an Envoy gateway's line. ``header_ms``: the server's time to its response
+    header (nginx's ``upstream_header_time``, Envoy's ``RESPONSE_DURATION``), for a streamed
+    answer the time to its first token; None when no server answered. ``stream``: the server
+    answered ``text/event-stream`` (a streamed answer).
+
+    Members stored before ``key``, ``header_ms`` and ``stream`` existed still load, with
+    these defaults.
     """
 
     t: float
@@ -48,6 +62,9 @@ class Sample:
     method: str
     path: str
     request_id: str
+    key: str = ""
+    header_ms: float | None = None
+    stream: bool = False
 
     @property
     def upstream_failed(self) -> bool:
@@ -61,21 +78,26 @@ class Sample:
         return self.status >= 400 or self.upstream_failed
 
     def to_member(self) -> str:
-        """The sample as stored (deployment, variant and mirror are in the key)."""
+        """The sample as stored (deployment, variant and mirror are in the Redis key); the
+        stream flag as 0/1."""
         return json.dumps(
             [
                 round(self.t, 3), self.status, self.latency_ms, self.upstream_ms, self.bytes,
                 self.upstream_status, self.upstream_addr, self.method, self.path,
-                self.request_id,
+                self.request_id, self.key, self.header_ms, int(self.stream),
             ],
             separators=(",", ":"),
         )
 
     @classmethod
     def from_member(cls, raw: bytes | str, deployment_id: int, variant: str, mirror: bool) -> Sample:
-        t, status, latency, upstream, size, up_status, up_addr, method, path, rid = json.loads(raw)
+        """A stored member: its 13 values, or the 10 of one stored before ``key``,
+        ``header_ms`` and ``stream`` existed."""
+        t, status, latency, upstream, size, up_status, up_addr, method, path, rid, *newer = (
+            json.loads(raw))
+        key, header, stream = newer[:3] if newer else ("", None, 0)
         return cls(t, deployment_id, variant, mirror, status, latency, upstream, size, up_status,
-                   up_addr, method, path, rid)
+                   up_addr, method, path, rid, key, header, bool(stream))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +106,23 @@ class Unrouted:
     not serve); counted, not kept."""
 
     deployment_id: int
+
+
+@lru_cache(maxsize=4)
+def _hash_key(secret: str) -> bytes:
+    return hashlib.sha256(b"switchyard split key:" + secret.encode()).digest()
+
+
+def split_key(deployment_id: int, value: str, secret: str) -> str:
+    """What a sample keeps of a sticky header's ``value``: 16 hex characters of a keyed hash
+    (BLAKE2b, keyed by ``secret``, the project's SECRET_KEY) of ``"<deployment>:<value>"``,
+    its first :data:`MAX_KEY` characters. The same user has the same key within a deployment,
+    and no key can be turned back into, or looked up from, a user's identifier without the
+    secret. "" for an empty value."""
+    if not value:
+        return ""
+    data = f"{deployment_id}:{value[:MAX_KEY]}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, digest_size=8, key=_hash_key(secret)).hexdigest()
 
 
 def status_codes(text: str) -> list[int]:

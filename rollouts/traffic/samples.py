@@ -12,6 +12,14 @@ collect_samples``, :mod:`rollouts.traffic.collector`). The collector hands batch
                                                 scored by when each last had a sample
     <prefix>:samples:collector                  hash: the collector's counters and heartbeat
 
+Besides what the client and the server took (``request_time``, ``upstream_response_time``), a
+line carries the server's time to its response header (``upstream_header_time``: for a streamed
+answer, the time to its first token) and the answer's ``content_type`` (kept as the sample's
+``stream`` flag: ``text/event-stream``), and, on a sticky route, the sticky header's value as
+``key``: what the sample keeps of it is a keyed hash (``sample_types.split_key``), never the
+value, so user identifiers do not sit in Redis. These three may be missing (a route file
+written before them): they are then "", None and False.
+
 A sample's score is the time nginx finished the request (its ``msec``). Each write trims
 the sets it touches to the last ``keep_s`` seconds (15 minutes) and to at most
 ``max_per_variant`` samples (the oldest go first), and gives them a TTL of ``keep_s``: a
@@ -55,6 +63,7 @@ from rollouts.traffic.sample_types import (
     SampleError,
     Unmapped,
     Unrouted,
+    split_key,
 )
 
 log = logging.getLogger(__name__)
@@ -122,6 +131,11 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) ->
     return value
 
 
+def _optional(data: Mapping[str, Any], name: str) -> str:
+    """A string field a line may lack ("" then)."""
+    return _field(data, name, str) if name in data else ""
+
+
 def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> Sample | Unrouted:
     """One syslog message (RFC 3164 or 5424, or a bare JSON line) of a route's access log as a
     sample: nginx's format, or an Envoy gateway's (:mod:`rollouts.traffic.envoy_samples`, mapped to
@@ -175,6 +189,10 @@ def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> S
         return Unrouted(deployment_id)
     if not VARIANT_NAME.match(variant):
         raise SampleError(f"variant {variant[:80]!r} is not a variant name")
+    # Lines of a route file written before these fields existed lack them.
+    key = _optional(data, "key")
+    header_time = _optional(data, "upstream_header_time")
+    content_type = _optional(data, "content_type")
     return Sample(
         t=float(msec),
         deployment_id=deployment_id,
@@ -189,6 +207,9 @@ def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> S
         method=method[:16],
         path=path[:MAX_PATH],
         request_id=request_id[:128],
+        key=split_key(deployment_id, key, settings.SECRET_KEY),
+        header_ms=_seconds_sum(header_time),
+        stream=content_type[:64].lower().lstrip().startswith("text/event-stream"),
     )
 
 

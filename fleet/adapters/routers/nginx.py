@@ -35,7 +35,10 @@ the old worker's close, which never reached nginx and is retried on a new connec
 Per-request samples: every route writes one JSON line per request (and per mirrored copy) to
 each ``access_log`` target, with ``escape=json``: ``time``, ``msec``, ``route``, ``variant``,
 ``mirror``, ``method``, ``path``, ``status``, ``upstream_addr``, ``upstream_status``,
-``upstream_response_time``, ``request_time``, ``bytes_sent``, ``request_id``. A
+``upstream_response_time``, ``upstream_header_time`` (the server's time to its response header:
+a streamed answer's first token), ``content_type`` (the answer's, its first 128 bytes), ``key``
+(on a sticky route, the sticky header's value, its first 256 bytes; "" otherwise and in a
+mirrored copy's line), ``request_time``, ``bytes_sent``, ``request_id``. A
 :func:`syslog_target` sends them as UDP syslog messages (``<190>... switchyard: {json}``) to
 a collector, which is how they leave an nginx on another host; a file target suits a local
 reader. Plain Python: no Django, no settings, nothing from ``local``.

@@ -46,6 +46,7 @@ MIRROR_RELAY = "mirror"  # the relay's socket, beside the least-pending hops' (n
 VARIANT_HEADER = "X-Switchyard-Variant"
 UPSTREAM_HEADER = "X-Switchyard-Upstream"  # internal: the least-pending hop's real upstream
 SHA_PLACEHOLDER = "@@SHA@@"
+MAX_KEY = 256  # bytes of a sticky header's value logged (rollouts.traffic.sample_types.MAX_KEY)
 # Client paths of a KServe v2 model; the model (and any version) is replaced by the variant's.
 KSERVE_MODEL_PATH = r"^/v2/models/[^/]+(?:/versions/[^/]+)?(?<sy_rest>/.*)?$"
 KSERVE_SERVER_PATHS = r"^/v2(?:/health/(?:live|ready))?$"
@@ -68,6 +69,11 @@ def base_conf(routes_dir: Path) -> str:
             "# The path the client asked for, without its query (also inside mirrored copies).",
             "map $request_uri $sy_path {",
             '    "~^(?<sy_path_only>[^?]*)" $sy_path_only;',
+            '    default "";',
+            "}",
+            "# The answer's content type, for the samples (streamed answers: text/event-stream).",
+            "map $upstream_http_content_type $sy_content_type {",
+            '    "~^(?<sy_content_type_head>.{1,128})" $sy_content_type_head;',
             '    default "";',
             "}",
             f"include {routes_dir}/*.conf;",
@@ -269,7 +275,8 @@ def _log_formats(route: RouteSpec) -> list[str]:
         else "$upstream_addr"
     )
 
-    def fmt(name: str, variant: str, mirror: str, addr: str, path: str = "$sy_path") -> str:
+    def fmt(name: str, variant: str, mirror: str, addr: str, path: str = "$sy_path",
+            key: str = "") -> str:
         fields = [
             '"time":"$time_iso8601"',
             '"msec":$msec',
@@ -282,6 +289,9 @@ def _log_formats(route: RouteSpec) -> list[str]:
             f'"upstream_addr":"{addr}"',
             '"upstream_status":"$upstream_status"',
             '"upstream_response_time":"$upstream_response_time"',
+            '"upstream_header_time":"$upstream_header_time"',
+            '"content_type":"$sy_content_type"',
+            f'"key":"{key}"',
             '"request_time":$request_time',
             '"bytes_sent":$bytes_sent',
             '"request_id":"$sy_request_id"',
@@ -290,9 +300,22 @@ def _log_formats(route: RouteSpec) -> list[str]:
 
     # least-pending knows the variant from the upstream address: "" when there was none.
     logged = f"$sy_{rid}_variant" if route.policy == LEAST_PENDING else f"$sy_{rid}_logged"
-    lines = [fmt(f"sy_{rid}", logged, "false", upstream_addr)]
+    lines, key = [], ""
+    if route.policy == STICKY:
+        # The sticky header's value, its first MAX_KEY bytes (whatever they are: escape=json
+        # writes control bytes as \u00XX), "" without one: the samples keep a hash of it.
+        header = "$http_" + route.sticky_header.lower().replace("-", "_")
+        key = f"$sy_{rid}_logkey"
+        lines += [
+            f"map {header} {key} {{",
+            f'    "~(?s)^(?<sy_{rid}_keyhead>.{{1,{MAX_KEY}}})" $sy_{rid}_keyhead;',
+            '    default "";',
+            "}",
+        ]
+    lines.append(fmt(f"sy_{rid}", logged, "false", upstream_addr, key=key))
     if route.mirror is not None and route.mirror.percent > 0:
-        # Written by the mirror relay, which has the client's path from the front server.
+        # Written by the mirror relay, which has the client's path from the front server
+        # (and no sticky key: a copy is no user's request).
         path = "$http_" + PATH_HEADER.lower().replace("-", "_")
         lines.append(fmt(f"sy_{rid}_mirror", route.mirror.variant, "true", "$upstream_addr", path))
     return lines

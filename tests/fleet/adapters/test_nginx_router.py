@@ -616,6 +616,9 @@ def test_every_request_sends_a_json_sample_to_syslog_with_every_field(router, lo
         "upstream_addr",
         "upstream_status",
         "upstream_response_time",
+        "upstream_header_time",
+        "content_type",
+        "key",
         "request_time",
         "bytes_sent",
         "request_id",
@@ -627,6 +630,9 @@ def test_every_request_sends_a_json_sample_to_syslog_with_every_field(router, lo
     assert record["upstream_addr"] == local_triton.http_url.removeprefix("http://")
     assert record["upstream_status"] == "200"
     assert 0 < float(record["upstream_response_time"]) <= record["request_time"] + 0.001
+    assert 0 < float(record["upstream_header_time"]) <= float(record["upstream_response_time"])
+    assert record["content_type"] == "application/json"
+    assert record["key"] == ""  # not a sticky route
     # The body plus the status line and headers nginx wrote.
     assert len(response.content) < record["bytes_sent"] < len(response.content) + 1024
     assert abs(record["msec"] - sent) < 5
@@ -727,6 +733,46 @@ def test_an_openai_route_passes_paths_through_and_streams(router, echo_servers, 
     admin = httpx.post(f"{url}/v1/load_lora_adapter", json={})
     assert admin.status_code == 403
     assert "x-switchyard-variant" not in admin.headers
+    assert router.remove(spec.name)
+
+
+def test_a_sticky_routes_lines_carry_the_key_and_the_servers_time_to_its_first_byte(
+    router, echo_servers, syslog
+):
+    """A sticky route logs the sticky header's value as ``key`` (its first 256 bytes, control
+    bytes escaped; "" without the header and in a mirrored copy's line), and every line the
+    server's time to its response header: a streamed answer's first event comes at once and its
+    end a second later, so ``upstream_header_time`` is the time to its first token."""
+    base, lora = echo_servers
+    spec = RouteSpec(
+        name="chat-keys", protocol="openai",
+        variants=(Variant("base", base, 0), Variant("lora", lora, 100)),
+        policy="sticky", sticky_header="X-User", mirror=Mirror("base", 100),
+    )
+    url = router.apply(spec).url
+    streamed, plain, hostile = (uuid.uuid4().hex for _ in range(3))
+    with httpx.stream("GET", f"{url}/v1/stream", timeout=10,
+                      headers={"X-User": "alice@example.com", "X-Request-Id": streamed}) as answer:
+        assert answer.headers["content-type"] == "text/event-stream"
+        answer.read()
+    assert httpx.get(f"{url}/v1/models", headers={"X-Request-Id": plain}).status_code == 200
+    # A control byte and 5,000 bytes (httpx sends neither): as a client may send them.
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + hostile.encode()
+                    + b"\r\nX-User: \x01" + b"u" * 5000 + b"\r\nConnection: close\r\n\r\n")
+        assert raw.recv(64).startswith(b"HTTP/1.1 200")
+
+    records = {r["mirror"]: r for r in syslog.wait_for(streamed, count=2)}
+    line, copy = records[False], records[True]
+    assert (line["variant"], line["key"], copy["key"]) == ("lora", "alice@example.com", "")
+    assert line["content_type"] == "text/event-stream"
+    assert 0 <= float(line["upstream_header_time"]) < 0.5 < 0.9 < line["request_time"]
+    assert float(line["upstream_response_time"]) > 0.9
+    (line,) = [r for r in syslog.wait_for(plain, count=2) if not r["mirror"]]
+    assert line["key"] == "" and line["content_type"] == "application/json"
+    (line,) = [r for r in syslog.wait_for(hostile, count=2) if not r["mirror"]]
+    assert line["key"] == "\x01" + "u" * 255
     assert router.remove(spec.name)
 
 

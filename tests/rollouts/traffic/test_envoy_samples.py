@@ -157,7 +157,8 @@ def values(*, start: float, duration: int, authority: str, cluster: str | None,
            status: int = 200, details: str = "via_upstream", flags: str = "-",
            upstream_ms: int | None = None, size: int = 210, host: str | None = "10.8.1.17:8000",
            request_id: str | None = None, route_name: str = "primary",
-           backend: tuple[str, str, str] | None = None) -> dict[str, Any]:
+           backend: tuple[str, str, str] | None = None,
+           content_type: str | None = "application/json") -> dict[str, Any]:
     """The value of each command operator for one request through the gateway."""
     name, namespace, port = backend or (None, None, None)
     return {
@@ -175,6 +176,7 @@ def values(*, start: float, duration: int, authority: str, cluster: str | None,
         "%RESPONSE_DURATION%": upstream_ms,
         "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%": upstream_ms,
         "%BYTES_SENT%": size,
+        "%RESP(CONTENT-TYPE)%": content_type,
         "%UPSTREAM_HOST%": host,
         "%UPSTREAM_CLUSTER%": cluster,
         "%UPSTREAM_CLUSTER_RAW%": cluster,
@@ -319,11 +321,12 @@ def test_envoy_gateway_lines_become_exact_samples_of_the_httproutes_variants(col
         upstream_ms=None, host=None, size=19, authority=host,
         cluster=f"{rule_cluster}/backend/1", route_name=route_name, request_id="eg-503")))
     expected["v2-triton-fraud-v2"].append((503, 0, "eg-503"))
-    # A retried request (the first attempt was reset): one sample, the whole duration.
+    # A retried request (the first attempt was reset): one sample, the whole duration; a
+    # streamed answer.
     lines.append(render(ENVOY_GATEWAY_FORMAT, values(
         start=start + 4.2, duration=250, upstream_ms=248, authority=f"{host}:80",
         cluster=rule_cluster, route_name=route_name, request_id="eg-retried",
-        backend=backend_of(0))))
+        backend=backend_of(0), content_type="text/event-stream; charset=utf-8")))
     expected["v1-triton-fraud-v1"].append((200, 250, "eg-retried"))
     # No x-request-id: Envoy logs it unset.
     lines.append(render(ENVOY_GATEWAY_FORMAT, values(
@@ -358,6 +361,10 @@ def test_envoy_gateway_lines_become_exact_samples_of_the_httproutes_variants(col
     assert unhealthy.upstream_failed and unhealthy.is_error
     assert by_id["eg-gone"].is_error and by_id["eg-gone"].upstream_failed
     assert by_id["eg-retried"].latency_ms == 250.0
+    # The time to the backend's first byte, and whether it streamed; no split key on a gateway.
+    assert [(by_id[r].header_ms, by_id[r].stream) for r in ("eg-v1-0", "eg-retried", "eg-503")] == [
+        (2.0, False), (248.0, True), (None, False)]
+    assert {s.key for v in found.values() for s in v} == {""}
 
     series = latency.series(deployment, 60)
     assert series["source"] == "router"
