@@ -6,7 +6,10 @@ beyond the minimum effect the team set. Plain numpy and scipy; the A/B verdict o
 
 An A/B split is judged once, at its end, so its intervals are fixed-sample ones; each is drawn
 at ``1 - alpha / (3 x comparisons)`` (three metrics per variant against the reference), so an
-A/A split says "no difference" at least ``1 - alpha`` of the time, whatever the sample."""
+A/A split says "no difference" at least ``1 - alpha`` of the time, whatever the sample.
+
+Here every request is a draw of its own. A split by a sticky header is judged per user instead
+(:mod:`rollouts.canary.clustered`): one user's requests are alike and all reach one variant."""
 
 from __future__ import annotations
 
@@ -35,6 +38,14 @@ class VariantDifference:
     latency_p_value: float  # two-sided Mann-Whitney U
     enough: bool  # the sample detects the target effect with the target power
     more_needed: int  # requests per variant still needed for that (0 when enough)
+    # "request", or "user" for a sticky split judged per user (rollouts.canary.clustered), which
+    # also says the users of each side, the design effect of the medians' difference (the
+    # sample needed is this many times larger than per request) and the users still needed.
+    unit: str = "request"
+    users: int | None = None
+    reference_users: int | None = None
+    design_effect: float = 1.0
+    more_users_needed: int | None = None
 
 
 def quantile_difference(a: sequential.Sorted, b: sequential.Sorted, q: float,

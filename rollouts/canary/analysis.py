@@ -3,8 +3,9 @@ route's samples by version, the windows of an attempt's analysis steps), the hea
 analysis step's looks recorded on its row (with the failure limit), and the A/B verdict. The
 decision itself is pure: :mod:`rollouts.canary.judge` (one look, on the bounds of
 :mod:`rollouts.canary.sequential`), :mod:`rollouts.canary.policy` (how a step ends) and
-:mod:`rollouts.canary.abtest` (the A/B numbers); :mod:`rollouts.canary.reconciler` carries out
-what is decided (the next step, the way back, a pause).
+:mod:`rollouts.canary.abtest` and :mod:`rollouts.canary.clustered` (the A/B numbers, per
+request and per user); :mod:`rollouts.canary.reconciler` carries out what is decided (the next
+step, the way back, a pause).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from console.exceptions import DomainError
 from fleet.models import InferenceServer
-from rollouts.canary import abtest, judge, metrics, policy
+from rollouts.canary import abtest, clustered, judge, metrics, policy
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
 from rollouts.traffic import sample_types, samples
 
@@ -342,29 +343,44 @@ def ab_done(rollout: Rollout, counts: dict[int, int], elapsed: float) -> bool:
     return done_by_time or done_by_size
 
 
+def _units(found: Any, ref: Any) -> dict[str, Any]:
+    """The unit of a verdict row, and each side's users when it is the user."""
+    if not isinstance(found, clustered.UserArm) or not isinstance(ref, clustered.UserArm):
+        return {"unit": "request"}
+    return {"unit": "user", "users": found.user_count, "reference_users": ref.user_count}
+
+
 def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]]) -> dict[str, Any]:
     """Each variant against the reference: p50/p95 and error-rate differences with their
     intervals, whether the sample could see the effect the team set (``analysis``'s
-    ``latency_tolerance_pct``), how many more requests it needs if not, and a summary."""
+    ``latency_tolerance_pct``), how many more requests it needs if not, and a summary.
+
+    A split with a ``sticky_header`` is judged per user (:mod:`rollouts.canary.clustered`, the
+    samples' ``key``): its rows say ``unit`` "user" and how many users each side had."""
     config = analysis_config(rollout)
     reference = rollout.baseline.version
-    ref = judge.Arm.of(by_version.get(reference, []))
+    per_user = bool(rollout.sticky_header)
+    arm = clustered.UserArm.of if per_user else judge.Arm.of
+    ref = arm(by_version.get(reference, []))
     comparisons = max(len(rollout.variants) - 1, 1)
     confidence = 1 - config["alpha"] / (3 * comparisons)
+    options = {"effect_pct": max(config["latency_tolerance_pct"], 0.1), "alpha": config["alpha"],
+               "confidence": confidence}
     rows = []
     for item in rollout.variants[1:]:
         number = item["version"]
-        found = judge.Arm.of(by_version.get(number, []))
+        found = arm(by_version.get(number, []))
         if len(found.latencies) < 2 or len(ref.latencies) < 2:
             rows.append({"version": number, "samples": found.total, "reference_samples": ref.total,
                          "enough": False, "difference": "unknown",
-                         "note": "too few requests to compare"})
+                         "note": "too few requests to compare", **_units(found, ref)})
             continue
-        diff = abtest.ab_difference(
-            f"v{number}", found.latencies, found.errors, f"v{reference}", ref.latencies,
-            ref.errors, effect_pct=max(config["latency_tolerance_pct"], 0.1),
-            alpha=config["alpha"], confidence=confidence,
-        )
+        if per_user:
+            diff = clustered.ab_difference_by_user(f"v{number}", found, f"v{reference}", ref,
+                                                   **options)
+        else:
+            diff = abtest.ab_difference(f"v{number}", found.latencies, found.errors,
+                                        f"v{reference}", ref.latencies, ref.errors, **options)
         difference = abtest.classify(
             diff, float(np.median(ref.latencies)), float(np.quantile(ref.latencies, 0.95)),
             config["latency_tolerance_pct"], config["error_tolerance_pct"])
@@ -380,6 +396,10 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
         summary = "; ".join(f"v{r['version']} {r['difference']} than v{reference}"
                             if r["difference"] in ("worse", "better") else
                             f"v{r['version']}: {r['difference']}" for r in rows)
+    if per_user:
+        users = ", ".join([f"v{reference} {ref.user_count}",
+                           *(f"v{r['version']} {r['users']}" for r in rows)])
+        summary += f"; judged per user of {rollout.sticky_header} ({users} users)"
     winner = None
     if better:
         winner = min(better, key=lambda r: r["p50_diff_ms"]["estimate"])["version"]

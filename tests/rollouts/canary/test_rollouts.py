@@ -383,6 +383,12 @@ def test_a_sticky_ab_split_keeps_each_key_on_one_variant(stack):
     ended = rollout_reconciler.run_to_end(made.pk, max_ticks=100)
     assert ended.state == State.SUCCEEDED, ended.reason
     assert weights_now(world) == {1: 100, 2: 0}
+    # Judged per user: each of the 16 keys, hashed, is one user of 6 requests.
+    (row,) = ended.verdict["variants"]
+    assert row["unit"] == "user", row
+    assert 1 <= row["users"] < row["samples"] and 1 <= row["reference_users"] < row["reference_samples"]
+    assert row["users"] + row["reference_users"] <= 16, row
+    assert "judged per user of X-User" in ended.verdict["summary"]
 
 
 # --------------------------------------------------------------------------------------------
