@@ -32,10 +32,15 @@ from console.filters import FilterSet
 from console.serializers import JSONInput, StrictFieldsMixin
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
+from rollouts.api.rollout_schemas import (
+    ANALYSIS_SCHEMA,
+    METRIC_GATE_SCHEMA,
+    ROLLBACK_SCHEMA,
+    STEP_SCHEMAS,
+)
 from rollouts.api.routes import VersionWeightsField
 from rollouts.api.serializers import DecisionSerializer
 from rollouts.canary import analysis as canary_analysis
-from rollouts.canary import metrics as canary_metrics
 from rollouts.canary import requests as rollout
 from rollouts.canary import specs
 from rollouts.models import (
@@ -52,98 +57,6 @@ EVENTS_SHOWN = 200  # a rollout's detail carries the newest events of its timeli
 TOP_FIELD = re.compile(r"[A-Za-z_]+")
 
 
-# --------------------------------------------------------------------------------------------
-# Schemas of the inputs the domain checks (rollouts.canary.specs, analysis.parse_analysis)
-# --------------------------------------------------------------------------------------------
-
-
-def _setting_schema(key: str) -> dict[str, Any]:
-    low, high, kind = canary_analysis.ANALYSIS_LIMITS[key]
-    schema: dict[str, Any] = {"type": "integer" if kind is int else "number",
-                              "minimum": low, "maximum": high}
-    if canary_analysis.ANALYSIS_DEFAULTS[key] is None:
-        schema["type"] = [schema["type"], "null"]
-    else:
-        schema["default"] = canary_analysis.ANALYSIS_DEFAULTS[key]
-    return schema
-
-
-METRIC_GATE_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["template"], "additionalProperties": False,
-    "description": ("A metric gate: a metric template's value (PromQL on the platform's "
-                    "Prometheus) must stay in [min, max]; beyond it in `failures` "
-                    "measurements in a row (taken every `every_s`) fails the analysis"),
-    "properties": {
-        "template": {"type": "string", "description": "A metric template's name "
-                     "(GET /api/v1/metric-templates/)"},
-        "min": {"type": "number"}, "max": {"type": "number"},
-        **{key: {"type": "integer", "minimum": low, "maximum": high}
-           for key, (low, high) in canary_metrics.LIMITS.items()},
-    },
-}
-ANALYSIS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {**{key: _setting_schema(key) for key in canary_analysis.ANALYSIS_DEFAULTS},
-                   "metrics": {"type": "array", "maxItems": canary_metrics.MAX_GATES,
-                               "items": METRIC_GATE_SCHEMA}},
-    "additionalProperties": False,
-    "description": (
-        "How analyses judge the candidate; settings left out take their defaults. "
-        "max_p99_ms and max_error_rate (percent) default to the deployment's SLO; "
-        "planned_samples must be at least min_samples."
-    ),
-    "example": {"planned_samples": 2000, "latency_tolerance_pct": 3, "max_p95_ms": 40},
-}
-STEP_SCHEMAS: list[dict[str, Any]] = [
-    {"type": "object", "required": ["set_weight"], "additionalProperties": False,
-     "properties": {"set_weight": {"type": "integer", "minimum": 0, "maximum": 100,
-                                   "description": "Traffic to the candidate, in percent"}}},
-    {"type": "object", "required": ["pause"], "additionalProperties": False,
-     "properties": {"pause": {
-         "type": "object", "additionalProperties": False,
-         "description": "{} waits until a person resumes; {seconds} waits that long",
-         "properties": {"seconds": {"type": "number", "minimum": 1,
-                                    "maximum": specs.MAX_PAUSE_S}}}}},
-    {"type": "object", "required": ["analysis"], "additionalProperties": False,
-     "properties": {"analysis": {**ANALYSIS_SCHEMA, "description": (
-         "Judge the canary at its weight until it passes; settings here override the "
-         "rollout's analysis")}}},
-    {"type": "object", "required": ["approval"], "additionalProperties": False,
-     "properties": {"approval": {"type": "object", "additionalProperties": False,
-                                 "description": "Wait for an approver who is not the requester"}}},
-    {"type": "object", "required": ["benchmark"], "additionalProperties": False,
-     "properties": {"benchmark": {
-         "type": "object", "additionalProperties": False,
-         "description": ("The candidate's max load within its SLO (its newest benchmark) may "
-                         "fall below the baseline's by at most max_drop_pct"),
-         "properties": {"max_drop_pct": {"type": "number", "minimum": 0, "maximum": 100,
-                                         "default": 10},
-                        "mode": {"type": "string", "enum": ["concurrency", "rate"]}}}}},
-    {"type": "object", "required": ["confirm"], "additionalProperties": False,
-     "properties": {"confirm": {
-         "type": "object", "required": ["webhook"], "additionalProperties": False,
-         "description": (
-             "Hold until the tenant's webhook answers a signed POST (event rollout.confirm) "
-             "with a 2xx, asking every every_s; no 2xx within timeout_s goes back to the "
-             "baseline. First in the list: confirm-rollout; last: confirm-promotion"),
-         "properties": {
-             "webhook": {"type": "string", "description": "One of the tenant's active webhooks"},
-             "timeout_s": {"type": "integer", "minimum": 1, "maximum": specs.MAX_PAUSE_S,
-                           "default": specs.CONFIRM_TIMEOUT_S},
-             "every_s": {"type": "integer", "minimum": 1, "maximum": 3600,
-                         "default": specs.CONFIRM_EVERY_S}}}}},
-    {"type": "object", "required": ["shadow"], "additionalProperties": False,
-     "properties": {"shadow": {
-         **ANALYSIS_SCHEMA,
-         "properties": {**ANALYSIS_SCHEMA["properties"],
-                        "percent": {"type": "integer", "minimum": 1, "maximum": 100,
-                                    "default": specs.SHADOW_PERCENT}},
-         "description": (
-             "Before the candidate serves anyone: copies of percent of the requests go to it "
-             "(its answers discarded), each judged against the same request's time on the "
-             "baseline; a fail rolls back before any user reaches it. Only where the "
-             "candidate's weight is still 0; the other keys are analysis settings")}}},
-]
 
 
 @extend_schema_field({
@@ -393,7 +306,10 @@ class RolloutSerializer(serializers.ModelSerializer):
     @extend_schema_field({
         "type": "object", "description": "The settings analyses run with (defaults, the "
         "rollout's and the deployment's SLO for the ceilings left out)",
-        "properties": {key: {"type": ["number", "null"]} for key in canary_analysis.ANALYSIS_DEFAULTS},
+        "properties": {**{key: {"type": ["number", "null"]}
+                          for key in canary_analysis.ANALYSIS_DEFAULTS},
+                       "metrics": {"type": "array", "items": METRIC_GATE_SCHEMA},
+                       "rollback": ROLLBACK_SCHEMA},
     })
     def get_analysis(self, obj: Rollout) -> dict[str, Any]:
         return canary_analysis.analysis_config(obj)

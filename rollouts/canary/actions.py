@@ -110,8 +110,10 @@ def next_step(rollout: Rollout, message: str, data: dict[str, Any] | None = None
     with transaction.atomic():
         index = rollout.step_index
         record_event(rollout, Kind.STEP, message, data=data)
+        # A step's own state ends with it; the rollback webhook's (asked all along) stays.
+        kept = {k: v for k, v in (rollout.step_state or {}).items() if k.startswith("rollback_")}
         update(rollout, step_index=index + 1, step_started_at=timezone.now(), waiting_for="",
-                failures=0, step_state={}, **fields)
+                failures=0, step_state=kept, **fields)
 
 
 def copies(rollout: Rollout, percent: int, why: str) -> bool:

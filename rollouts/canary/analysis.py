@@ -37,6 +37,8 @@ is_number = policy.is_number
 UPSTREAM_WINDOW_S = 3.0
 UPSTREAM_MIN = 5
 UPSTREAM_SHARE = 0.5
+# The rollback webhook is asked this often unless the rollout says otherwise.
+ROLLBACK_EVERY_S = 10
 # What :func:`look` answers when a look failed within the failures allowed: the analysis
 # starts again on a fresh window.
 JUDGE_AGAIN = "judge_again"
@@ -49,20 +51,28 @@ JUDGE_AGAIN_INCONCLUSIVE = "judge_again_inconclusive"
 # --------------------------------------------------------------------------------------------
 
 
-def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
-    """The analysis settings given (an object of the keys of :data:`ANALYSIS_DEFAULTS`),
-    checked; a DomainError naming ``field.key`` otherwise. Keys not given are left out."""
+def parse_analysis(raw: object, field: str = "analysis", *, rollout: bool = True) -> dict[str, Any]:
+    """The analysis settings given (an object of the keys of :data:`ANALYSIS_DEFAULTS`, and
+    ``metrics``; the rollout's own, ``rollout``, also ``bake_s`` and ``rollback``), checked; a
+    DomainError naming ``field.key`` otherwise. Keys not given are left out. The rollback
+    webhook's name is checked against the tenant's webhooks by the request."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise DomainError("must be an object", field=field)
     out: dict[str, Any] = {}
     for key, value in raw.items():
+        if key in policy.ROLLOUT_ONLY and not rollout:
+            raise DomainError(f"{key} is a setting of the whole rollout (its analysis), not "
+                              "of a step", field=f"{field}.{key}")
         if key == "metrics":
             out[key] = metrics.parse(value, f"{field}.metrics")
             continue
+        if key == "rollback":
+            out[key] = parse_rollback(value, f"{field}.rollback")
+            continue
         if key not in ANALYSIS_LIMITS:
-            known = ", ".join(sorted([*ANALYSIS_LIMITS, "metrics"]))
+            known = ", ".join(sorted([*ANALYSIS_LIMITS, "metrics", "rollback"]))
             raise DomainError(f"unknown setting {str(key)[:40]!r}; known: {known}", field=field)
         if value is None and ANALYSIS_DEFAULTS[key] is None:
             out[key] = None
@@ -79,10 +89,28 @@ def parse_analysis(raw: object, field: str = "analysis") -> dict[str, Any]:
     return out
 
 
+def parse_rollback(value: object, field: str) -> dict[str, Any] | None:
+    """The rollback webhook: ``{"webhook": NAME, "every_s": 1-3600 (10)}`` (or None: none).
+    While the rollout runs (progressing, paused or baking) the webhook is asked every
+    ``every_s`` with a signed ``rollout.rollback`` POST; a 2xx answer rolls the rollout back."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"webhook", "every_s"}:
+        raise DomainError('rollback is {"webhook": NAME} and, optionally, "every_s"', field=field)
+    name = value.get("webhook")
+    if not isinstance(name, str) or not name or len(name) > 100:
+        raise DomainError("name one of the tenant's webhooks", field=f"{field}.webhook")
+    every = value.get("every_s", ROLLBACK_EVERY_S)
+    if not is_number(every) or every != int(every) or not 1 <= every <= 3600:
+        raise DomainError(f"an integer from 1 to 3600, got {every!r}"[:200], field=f"{field}.every_s")
+    return {"webhook": name, "every_s": int(every)}
+
+
 def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings an analysis runs with: defaults, the rollout's, the step's; the SLO
     ceilings from the deployment where none were given."""
-    config = {**ANALYSIS_DEFAULTS, "metrics": [], **(rollout.analysis or {}), **(overrides or {})}
+    config = {**ANALYSIS_DEFAULTS, "metrics": [], "rollback": None, **(rollout.analysis or {}),
+              **(overrides or {})}
     if config["max_p99_ms"] is None:
         config["max_p99_ms"] = float(rollout.deployment.slo_p99_ms)
     if config["max_error_rate"] is None:

@@ -94,6 +94,8 @@ def step_summary(rollout: Rollout) -> str:
     if rollout.state == State.SUCCEEDED:
         return "the one step done" if total == 1 else f"all {total} steps done"
     step = rollout.current_step
+    if rollout.state == State.BAKING:
+        return "every step passed: baking at 100%"
     if step is None or rollout.state == State.LOADING or rollout.started_at is None:
         if rollout.state == State.PROMOTING:
             return "every step passed"

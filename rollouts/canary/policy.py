@@ -28,10 +28,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, JudgeConfig, Judgement
+from rollouts.canary.judge import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    JudgeConfig,
+    Judgement,
+    block_alpha,
+    judge_samples,
+)
 
 RUNNING = "running"
 
@@ -55,6 +63,7 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "max_p95_ms": None,
     "max_p99_ms": None,
     "max_error_rate": None,
+    "bake_s": 0,
 }
 # The range and type of each analysis setting: parse_analysis refuses outside them, and the
 # API's schema states them.
@@ -75,7 +84,11 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "max_p95_ms": (0.001, 3_600_000, float),
     "max_p99_ms": (0.001, 3_600_000, float),
     "max_error_rate": (0, 100, float),
+    "bake_s": (0, 7 * 24 * 3600, int),
 }
+# Settings of the whole rollout, refused on a step: the bake after 100% and the rollback
+# webhook (``{"webhook": NAME, "every_s": N}``, checked by rollouts.canary.specs).
+ROLLOUT_ONLY = frozenset({"bake_s", "rollback"})
 
 
 def is_number(value: object) -> bool:
@@ -158,3 +171,22 @@ def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last:
     if not seen:
         return RUNNING, f"{step_samples} of {min_samples} {what}{at}"
     return RUNNING, "not settled yet: looking again"
+
+
+def bake_look(samples: Sequence[Any], start: float, now: float, config: dict[str, Any]) -> Judgement:
+    """A look during the bake after 100% (``start``: when the candidate got all the traffic).
+    With no baseline beside it, the candidate is judged against itself: the requests of the
+    current block of ``window_s`` seconds (past the warm-up) against every earlier request of
+    the bake (median, tail, errors: a version that degrades minutes in shows here), and the
+    current block against the SLO gates. Each block spends its own share of ``alpha``
+    (:func:`block_alpha`), so the whole bake, however long, fails a steady version at most
+    ``alpha`` of the time."""
+    warm = start + config["warmup_s"]
+    seconds = config["window_s"] or max(config["bake_s"], 1)
+    kept = [s for s in samples if s.t >= warm]
+    block_from, block = recent_block([StepWindow(warm, None, 0.0)], now, seconds)
+    recent = [s for s in kept if s.t >= block_from]
+    earlier = [s for s in kept if s.t < block_from]
+    judged = replace(judge_config(config), alpha=block_alpha(config["alpha"], block),
+                     fresh_starts=1)
+    return judge_samples(recent, earlier if block >= 2 else None, judged)

@@ -34,7 +34,7 @@ from django.utils import timezone
 from console import logs
 from console.exceptions import Conflict, DomainError
 from rollouts import leases
-from rollouts.canary import actions, analysis, steps
+from rollouts.canary import actions, analysis, judge, policy, steps
 from rollouts.canary.specs import ACTION_FROM
 from rollouts.canary.timeline import record_event
 from rollouts.loads import reconciler as load_reconciler
@@ -143,7 +143,7 @@ def _watch(rollout: Rollout) -> bool:
 
 
 def _progressing(rollout: Rollout) -> bool:
-    if _watch(rollout):
+    if _watch(rollout) or steps.rollback_asked(rollout):
         return False
     if rollout.strategy == Rollout.Strategy.AB:
         return _ab_tick(rollout)
@@ -208,7 +208,8 @@ def _ab_tick(rollout: Rollout) -> bool:
 
 
 def _paused(rollout: Rollout) -> bool:
-    _watch(rollout)
+    if not _watch(rollout):
+        steps.rollback_asked(rollout)
     return False
 
 
@@ -218,6 +219,15 @@ def _promoting(rollout: Rollout) -> bool:
         actions.route(rollout, {cand: 100}, f"promoting v{cand}")
     except Conflict as exc:
         record_event(rollout, Kind.ERROR, f"promotion did not take: {exc.message}; trying again")
+        return False
+    bake_s = analysis.analysis_config(rollout)["bake_s"]
+    if (rollout.strategy == Rollout.Strategy.CANARY and bake_s
+            and not (rollout.step_state or {}).get("baked")):
+        until = timezone.localtime() + timedelta(seconds=bake_s)
+        actions.move(rollout, State.BAKING, f"v{cand} carries all the traffic: baking {bake_s} s "
+                     f"before the promotion ends; v{rollout.baseline.version} stays loaded to go "
+                     "back to", weights={str(cand): 100}, step_started_at=timezone.now(),
+                     step_state={}, waiting_for=_bake_text(rollout, until))
         return False
     moved = ""
     if rollout.alias:
@@ -234,6 +244,40 @@ def _promoting(rollout: Rollout) -> bool:
                  reason=rollout.reason if rollout.strategy == Rollout.Strategy.AB else f"v{cand} promoted")
     if rollout.unload_previous and rollout.baseline_id != rollout.candidate_id:
         actions.unload(rollout, rollout.baseline, f"v{cand} replaced it")
+    return False
+
+
+def _bake_text(rollout: Rollout, until: Any) -> str:
+    return (f"baking at 100% until {until.strftime('%H:%M:%S %Z')}: back to "
+            f"v{rollout.baseline.version} if v{rollout.candidate.version} regresses")
+
+
+def _baking(rollout: Rollout) -> bool:
+    """The bake after 100%: the candidate is watched (health, the rollback webhook, and
+    ``policy.bake_look``: itself over time and the SLO gates) for ``bake_s`` with the baseline
+    still loaded; a regression goes back to it, the end of the bake finishes the promotion
+    (the alias moves, the previous version is unloaded)."""
+    if _watch(rollout) or steps.rollback_asked(rollout):
+        return False
+    config = analysis.analysis_config(rollout)
+    cand = rollout.candidate.version
+    started = rollout.step_started_at or timezone.now()
+    elapsed = (timezone.now() - started).total_seconds()
+    if elapsed >= config["bake_s"]:
+        actions.move(rollout, State.PROMOTING, f"baked {config['bake_s']} s at 100% with no "
+                     f"regression shown: v{cand} is promoted", step_state={"baked": True},
+                     waiting_for="")
+        return True
+    try:
+        by_version, now = analysis.samples_by_version(rollout, elapsed + 1)
+    except Exception as exc:
+        record_event(rollout, Kind.ERROR, f"cannot read the route's samples: {exc}")
+        return False
+    judgement = policy.bake_look(by_version.get(cand, []), started.timestamp(), now, config)
+    if judgement.verdict == judge.FAIL:
+        actions.back_to_baseline(rollout, f"v{cand} regressed while baking at 100%: "
+                                 f"{'; '.join(judgement.reasons)}", State.ROLLED_BACK,
+                                 data={"bake": judgement.to_json()})
     return False
 
 
@@ -254,6 +298,7 @@ STEPS: dict[str, Callable[[Rollout], bool]] = {
     State.PROGRESSING: _progressing,
     State.PAUSED: _paused,
     State.PROMOTING: _promoting,
+    State.BAKING: _baking,
     State.ROLLING_BACK: _rolling_back,
 }
 
@@ -276,6 +321,10 @@ def _carry_out(rollout: Rollout) -> bool:
     elif action == Rollout.Action.PAUSE:
         actions.move(rollout, State.PAUSED, f"paused by {who}{said}", kind=Kind.ACTION,
                      requested_action="", waiting_for=f"a person to resume (paused by {who})")
+    elif action == Rollout.Action.PROMOTE and rollout.state == State.BAKING:
+        actions.move(rollout, State.PROMOTING, f"promotion asked for by {who}{said}: the rest of "
+                     "the bake is skipped", kind=Kind.ACTION, requested_action="", waiting_for="",
+                     step_state={"baked": f"skipped by {who}"})
     elif action == Rollout.Action.PROMOTE:
         actions.move(rollout, State.PROMOTING, f"promotion asked for by {who}{said}: the remaining "
                      "steps are skipped", kind=Kind.ACTION, requested_action="", waiting_for="")

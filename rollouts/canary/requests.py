@@ -143,6 +143,14 @@ def create_rollout(
         raise Conflict(f"no version of {deployment.model.name} is ready on deployment "
                        f"{deployment.name}: load the stable version first", field="deployment")
     settings_given = analysis.parse_analysis(analysis_settings)
+    webhooks = set(Webhook.objects.filter(tenant=deployment.tenant, active=True)
+                   .values_list("name", flat=True))
+    if settings_given.get("rollback"):
+        specs.check_webhook(settings_given["rollback"]["webhook"], webhooks,
+                            "analysis.rollback.webhook")
+    if settings_given.get("bake_s") and strategy != Rollout.Strategy.CANARY:
+        raise DomainError("an A/B split has no bake: it ends with its verdict",
+                          field="analysis.bake_s")
     fields: dict[str, Any] = {
         "strategy": strategy, "analysis": settings_given, "sticky_header": header,
         "unload_previous": bool(unload_previous), "dry_run": bool(dry_run),
@@ -164,8 +172,7 @@ def create_rollout(
         loads.check_runtime(candidate, list(deployment.servers.filter(name__in=chosen)))
         fields.update(
             baseline=deployment.model.versions.get(version=base_number), candidate=candidate,
-            steps=specs.parse_steps(steps, webhooks=set(Webhook.objects.filter(
-                tenant=deployment.tenant, active=True).values_list("name", flat=True))),
+            steps=specs.parse_steps(steps, webhooks=webhooks),
             servers=chosen, promote=True,
             alias=(routes.PRODUCTION_ALIAS if deployment.production else "")
             if alias_given is None else alias_given,

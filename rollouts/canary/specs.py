@@ -66,9 +66,9 @@ MIN_WEIGHT, MAX_WEIGHT = 1, 99  # a variant's share of the traffic, in percent
 ACTION_FROM: dict[str, list[str]] = {
     Rollout.Action.PAUSE: [State.PROGRESSING],
     Rollout.Action.RESUME: [State.PAUSED],
-    Rollout.Action.PROMOTE: [State.PROGRESSING, State.PAUSED],
+    Rollout.Action.PROMOTE: [State.PROGRESSING, State.PAUSED, State.BAKING],
     Rollout.Action.ABORT: [State.PENDING_APPROVAL, State.LOADING, State.PROGRESSING,
-                           State.PAUSED],
+                           State.PAUSED, State.BAKING],
 }
 
 
@@ -103,7 +103,8 @@ def parse_steps(raw: object, webhooks: Collection[str] | None = None) -> list[di
                 raise DomainError(f"pause seconds run from 1 to {MAX_PAUSE_S}", field=where)
             out.append({"pause": {} if seconds is None else {"seconds": float(seconds)}})
         elif kind == "analysis":
-            out.append({"analysis": parse_analysis({} if value is None else value, field=where)})
+            out.append({"analysis": parse_analysis({} if value is None else value, field=where,
+                                                   rollout=False)})
         elif kind == "approval":
             if value not in ({}, None):
                 raise DomainError("approval takes no settings: {}", field=where)
@@ -133,10 +134,7 @@ def _parse_confirm_step(value: object, where: str,
     name = value.get("webhook")
     if not isinstance(name, str) or not name:
         raise DomainError("name one of the tenant's webhooks", field=f"{where}.webhook")
-    if webhooks is not None and name not in webhooks:
-        known = ", ".join(sorted(webhooks)[:20]) or "none yet"
-        raise DomainError(f"the tenant has no active webhook named {name[:100]!r}; its "
-                          f"webhooks: {known}", field=f"{where}.webhook")
+    check_webhook(name, webhooks, f"{where}.webhook")
     out: dict[str, Any] = {"webhook": name}
     for key, default, high in (("timeout_s", CONFIRM_TIMEOUT_S, MAX_PAUSE_S),
                                ("every_s", CONFIRM_EVERY_S, 3600)):
@@ -146,6 +144,15 @@ def _parse_confirm_step(value: object, where: str,
                               field=f"{where}.{key}")
         out[key] = int(got)
     return out
+
+
+def check_webhook(name: str, webhooks: Collection[str] | None, field: str) -> None:
+    """A DomainError naming ``field`` unless ``name`` is one of ``webhooks`` (the tenant's
+    active webhooks; None: not checked here)."""
+    if webhooks is not None and name not in webhooks:
+        known = ", ".join(sorted(webhooks)[:20]) or "none yet"
+        raise DomainError(f"the tenant has no active webhook named {name[:100]!r}; its "
+                          f"webhooks: {known}", field=field)
 
 
 def _parse_shadow_step(value: object, where: str) -> dict[str, Any]:
@@ -160,7 +167,7 @@ def _parse_shadow_step(value: object, where: str) -> dict[str, Any]:
     if not is_number(percent) or percent != int(percent) or not 1 <= percent <= 100:
         raise DomainError(f"percent is an integer from 1 to 100, got {percent!r}"[:200],
                           field=f"{where}.percent")
-    return {"percent": int(percent), **parse_analysis(settings, field=where)}
+    return {"percent": int(percent), **parse_analysis(settings, field=where, rollout=False)}
 
 
 def _parse_benchmark_step(value: object, where: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ State = Rollout.State
 Kind = RolloutEvent.Kind
 Verdict = RolloutAnalysis.Verdict
 CONFIRM_EVENT = "rollout.confirm"  # what a confirm step's POST says it is
+ROLLBACK_EVENT = "rollout.rollback"  # ... and the rollback webhook's
 
 
 def end_dry_run(rollout: Rollout) -> bool:
@@ -218,15 +219,9 @@ def _confirm_step(rollout: Rollout, value: dict[str, Any]) -> bool:
         return False
     cand, base = rollout.candidate.version, rollout.baseline.version
     status, reason = webhook_delivery.ask(
-        webhook, CONFIRM_EVENT, {
-            "rollout": rollout.pk, "deployment": rollout.deployment.name,
-            "model": rollout.deployment.model.name, "candidate": cand, "baseline": base,
-            "step": rollout.step_index + 1, "steps": len(rollout.steps),
-            "weights": rollout.weights, "dry_run": rollout.dry_run,
-            "next": rollout.steps[rollout.step_index + 1] if rollout.step_index + 1 < len(
-                rollout.steps) else {"promote": cand},
-        }, summary=f"rollout {rollout.pk} of {rollout.deployment.name} asks to go on past "
-                   f"{step} (v{cand} against v{base})")
+        webhook, CONFIRM_EVENT, _hook_payload(rollout),
+        summary=f"rollout {rollout.pk} of {rollout.deployment.name} asks to go on past "
+                f"{step} (v{cand} against v{base})")
     answer = f"HTTP {status}" if status is not None else reason
     if status is not None and 200 <= status < 300:
         actions.next_step(rollout, f"{step}: {name} confirmed ({answer})",
@@ -234,11 +229,58 @@ def _confirm_step(rollout: Rollout, value: dict[str, Any]) -> bool:
         return True
     asks = int(kept.get("asks", 0)) + 1
     with transaction.atomic():
-        actions.update(rollout, step_state={"at": time.time(), "asks": asks, "last": answer},
+        actions.update(rollout, step_state={**kept, "at": time.time(), "asks": asks, "last": answer},
                        waiting_for=f"{name} to confirm (asked {asks} times, last answer: {answer})"[:200])
         if kept.get("last") != answer:  # each new answer once in the timeline
             record_event(rollout, Kind.STEP, f"{step}: {name} did not confirm yet ({answer}); "
                          f"asking every {value['every_s']} s for up to {value['timeout_s']} s")
+    return False
+
+
+def _hook_payload(rollout: Rollout) -> dict[str, Any]:
+    """What a confirm or rollback webhook is told about the rollout."""
+    cand = rollout.candidate.version if rollout.candidate_id else None
+    ahead = (rollout.steps[rollout.step_index + 1] if rollout.step_index + 1 < len(rollout.steps)
+             else {"promote": cand})
+    return {
+        "rollout": rollout.pk, "deployment": rollout.deployment.name,
+        "model": rollout.deployment.model.name, "candidate": cand,
+        "baseline": rollout.baseline.version, "state": rollout.state,
+        "step": rollout.step_index + 1, "steps": len(rollout.steps), "weights": rollout.weights,
+        "dry_run": rollout.dry_run, "next": ahead,
+    }
+
+
+def rollback_asked(rollout: Rollout) -> bool:
+    """The rollback webhook (the rollout's ``analysis.rollback``), asked every ``every_s``
+    while the rollout runs with a signed ``rollout.rollback`` POST: a 2xx answer sends all
+    traffic back to the baseline (True); any other answer, or none, lets it go on. A webhook
+    gone or made inactive is said once in the timeline and no longer asked."""
+    hook = (rollout.analysis or {}).get("rollback")
+    if not hook:
+        return False
+    kept = rollout.step_state or {}
+    if kept.get("rollback_gone") or time.time() - float(kept.get("rollback_at", 0)) < hook["every_s"]:
+        return False
+    name = hook["webhook"]
+    webhook = Webhook.objects.filter(tenant=rollout.tenant_id, name=name, active=True).first()
+    if webhook is None:
+        with transaction.atomic():
+            actions.update(rollout, step_state={**kept, "rollback_gone": True})
+            record_event(rollout, Kind.ERROR, f"the rollback webhook {name} is gone or inactive: "
+                         "it is no longer asked (abort still goes back)")
+        return False
+    status, reason = webhook_delivery.ask(
+        webhook, ROLLBACK_EVENT, _hook_payload(rollout),
+        summary=f"rollout {rollout.pk} of {rollout.deployment.name} asks whether to roll back")
+    answer = f"HTTP {status}" if status is not None else reason
+    if status is not None and 200 <= status < 300:
+        actions.back_to_baseline(rollout, f"the rollback webhook {name} asked for a rollback "
+                                 f"({answer})", State.ROLLED_BACK,
+                                 data={"rollback_webhook": {"webhook": name, "answer": answer}})
+        return True
+    actions.update(rollout, step_state={**kept, "rollback_at": time.time(),
+                                        "rollback_last": answer[:200]})
     return False
 
 

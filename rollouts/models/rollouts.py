@@ -42,6 +42,7 @@ class Rollout(IdempotentJob):
         PROGRESSING = "progressing", "Progressing"
         PAUSED = "paused", "Paused"
         PROMOTING = "promoting", "Promoting"
+        BAKING = "baking", "Baking"
         SUCCEEDED = "succeeded", "Succeeded"
         ROLLING_BACK = "rolling_back", "Rolling back"
         ROLLED_BACK = "rolled_back", "Rolled back"
@@ -60,7 +61,7 @@ class Rollout(IdempotentJob):
 
     ACTIVE: ClassVar[list[str]] = [
         State.PENDING_APPROVAL, State.LOADING, State.PROGRESSING, State.PAUSED, State.PROMOTING,
-        State.ROLLING_BACK,
+        State.BAKING, State.ROLLING_BACK,
     ]
     FINAL: ClassVar[list[str]] = [State.SUCCEEDED, State.ROLLED_BACK, State.FAILED, State.ABORTED]
     RETRYABLE: ClassVar[list[str]] = [State.ROLLED_BACK, State.FAILED, State.ABORTED]
@@ -134,7 +135,7 @@ class Rollout(IdempotentJob):
                 fields=["deployment"],
                 condition=models.Q(state__in=[
                     "pending_approval", "loading", "progressing", "paused", "promoting",
-                    "rolling_back",
+                    "baking", "rolling_back",
                 ]),
                 name="one_active_rollout_per_deployment",
             ),

@@ -397,3 +397,145 @@ def test_a_confirm_step_must_name_an_active_webhook_of_the_tenant(canary, dave, 
                                 steps=[{"confirm": {"webhook": "nope"}}])
     assert refused.value.field == "steps[0].webhook"
     assert "no active webhook named 'nope'; its webhooks: release-bot" in str(refused.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The bake after 100%, and the rollback webhook
+# --------------------------------------------------------------------------------------------
+
+
+def _baked(canary, bake: dict) -> None:
+    """The canary of ``canary`` with one 10% step and ``bake`` as its analysis, at 100%."""
+    Rollout.objects.filter(pk=canary.pk).update(steps=[{"set_weight": 10}], analysis=bake)
+    for _ in range(4):  # loading, 10%, every step passed: promoting, at 100%: baking
+        rollout_reconciler.advance(canary.pk, force=True)
+
+
+def _sample_lines(deployment_id: int, variant: str, t: float, ms: float, n: int, rng) -> list[str]:
+    import json
+    import uuid
+
+    return [json.dumps({
+        "time": "t", "msec": round(t, 3), "route": f"dep-{deployment_id}", "variant": variant,
+        "mirror": False, "method": "POST", "path": "/v2/models/m/infer", "status": 200,
+        "upstream_addr": "a", "upstream_status": "200",
+        "upstream_response_time": f"{value / 1000:.3f}", "request_time": round(value / 1000, 3),
+        "bytes_sent": 10, "request_id": uuid.uuid4().hex,
+    }) for value in (ms * rng.lognormal(0, 0.2, n))]
+
+
+def test_a_bake_holds_the_promotion_at_100_percent_and_a_regression_in_it_goes_back(
+        canary, settings):
+    import time
+    import uuid
+    from datetime import timedelta
+
+    import numpy as np
+
+    from rollouts.models import RolloutEvent
+    from rollouts.traffic import samples
+
+    settings.SWITCHYARD_REDIS_PREFIX = f"test-bake-{uuid.uuid4().hex[:8]}"
+    _baked(canary, {"bake_s": 600, "window_s": 1, "warmup_s": 0})
+    baking = Rollout.objects.get(pk=canary.pk)
+    assert baking.state == State.BAKING and baking.weights == {"2": 100}
+    assert baking.waiting_for.startswith("baking at 100% until ") and "back to v1" in (
+        baking.waiting_for)
+    assert baking.finished_at is None  # not promoted yet: v1 stays loaded to go back to
+
+    # A steady first second, then the same version twice as slow.
+    now = time.time()
+    Rollout.objects.filter(pk=canary.pk).update(
+        step_started_at=timezone.now() - timedelta(seconds=1.5))
+    rng = np.random.default_rng(7)
+    samples.record(_sample_lines(canary.deployment_id, "v2-triton-a", now - 1.0, 5.0, 300, rng)
+                   + _sample_lines(canary.deployment_id, "v2-triton-a", now - 0.2, 10.0, 300, rng))
+    rollout_reconciler.advance(canary.pk, force=True)
+
+    ended = Rollout.objects.get(pk=canary.pk)
+    assert ended.state == State.ROLLED_BACK and ended.weights == {"1": 100}, ended.reason
+    assert ended.reason.startswith("v2 regressed while baking at 100%: median"), ended.reason
+    evidence = RolloutEvent.objects.filter(rollout=canary, kind="rollback").latest("id").data
+    assert evidence["bake"]["verdict"] == "fail"
+
+
+def test_a_bake_that_shows_nothing_ends_the_promotion(canary):
+    import time
+
+    from rollouts.models import RolloutEvent
+
+    _baked(canary, {"bake_s": 1})
+    assert Rollout.objects.get(pk=canary.pk).state == State.BAKING
+    time.sleep(1.05)
+    rollout_reconciler.advance(canary.pk, force=True)  # baked: promoting
+    rollout_reconciler.advance(canary.pk, force=True)
+    done = Rollout.objects.get(pk=canary.pk)
+    assert done.state == State.SUCCEEDED and done.weights == {"2": 100}
+    said = list(RolloutEvent.objects.filter(rollout=canary).values_list("message", flat=True))
+    assert "baked 1 s at 100% with no regression shown: v2 is promoted" in said
+
+
+
+def test_a_deployers_promote_skips_the_rest_of_a_bake(canary, dave):
+    from rollouts.models import RolloutEvent
+
+    _baked(canary, {"bake_s": 3600})
+    assert Rollout.objects.get(pk=canary.pk).state == State.BAKING
+    rollouts.request_action(dave, Rollout.objects.get(pk=canary.pk), "promote", "looks good")
+    for _ in range(2):
+        rollout_reconciler.advance(canary.pk, force=True)
+    skipped = Rollout.objects.get(pk=canary.pk)
+    assert skipped.state == State.SUCCEEDED and skipped.weights == {"2": 100}
+    assert RolloutEvent.objects.filter(rollout=canary,
+                                       message__contains="the rest of the bake is skipped").exists()
+
+
+def test_the_rollback_webhook_is_asked_while_the_rollout_runs_and_a_2xx_goes_back(
+        canary, release_bot, alice):
+    import time
+
+    from fleet.webhooks.requests import create_webhook
+
+    create_webhook(alice, canary.tenant, name="pager", url=release_bot["url"])
+    Rollout.objects.filter(pk=canary.pk).update(
+        analysis={"rollback": {"webhook": "pager", "every_s": 1}})
+    release_bot["answers"] = [404, 200]
+    for _ in range(3):  # loading; 10% (asked: 404, go on); the pause step
+        rollout_reconciler.advance(canary.pk, force=True)
+    held = Rollout.objects.get(pk=canary.pk)
+    assert held.state == State.PAUSED and held.weights == {"1": 90, "2": 10}
+    assert len(release_bot["got"]) == 1
+    rollout_reconciler.advance(canary.pk, force=True)  # within every_s: not asked again
+    assert len(release_bot["got"]) == 1
+    time.sleep(1.05)
+    rollout_reconciler.advance(canary.pk, force=True)  # paused, asked again: 200
+
+    ended = Rollout.objects.get(pk=canary.pk)
+    assert ended.state == State.ROLLED_BACK and ended.weights == {"1": 100}
+    assert ended.reason == "the rollback webhook pager asked for a rollback (HTTP 200)"
+    asked = release_bot["got"][-1]
+    assert asked["headers"]["X-Switchyard-Event"] == "rollout.rollback"
+    assert asked["data"]["data"]["state"] == "paused"
+
+
+def test_bake_and_rollback_are_refused_naming_the_field_where_they_cannot_apply(canary, dave):
+    from console.exceptions import DomainError
+
+    Rollout.objects.filter(pk=canary.pk).update(state=State.ABORTED)
+    cases = [
+        ({"analysis_settings": {"rollback": {"webhook": "nope"}}}, "analysis.rollback.webhook"),
+        ({"analysis_settings": {"rollback": {"webhook": "x", "every_s": 0}}},
+         "analysis.rollback.every_s"),
+        ({"steps": [{"analysis": {"bake_s": 60}}]}, "steps[0].bake_s"),
+        ({"analysis_settings": {"bake_s": -1}}, "analysis.bake_s"),
+    ]
+    for extra, field in cases:
+        with pytest.raises(DomainError) as refused:
+            rollouts.create_rollout(dave, canary.deployment, version=2, baseline=1, **extra)
+        assert refused.value.field == field, (extra, refused.value.field, str(refused.value))
+    with pytest.raises(DomainError) as refused:
+        rollouts.create_rollout(dave, canary.deployment, strategy="ab", duration_s=60,
+                                variants=[{"version": 1, "weight": 50},
+                                          {"version": 2, "weight": 50}],
+                                analysis_settings={"bake_s": 60})
+    assert refused.value.field == "analysis.bake_s"
