@@ -384,10 +384,12 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
     ``latency_tolerance_pct``), how many more requests it needs if not, and a summary.
 
     A split with a ``sticky_header`` is judged per user (:mod:`rollouts.canary.clustered`, the
-    samples' ``key``): its rows say ``unit`` "user" and how many users each side had."""
+    samples' ``key``): its rows say ``unit`` "user" and how many users each side had. Where no
+    sample has a key (an Envoy gateway's lines), it is judged per request."""
     config = analysis_config(rollout)
     reference = rollout.baseline.version
-    per_user = bool(rollout.sticky_header)
+    per_user = bool(rollout.sticky_header) and any(
+        s.key for found in by_version.values() for s in found)
     arm = clustered.UserArm.of if per_user else judge.Arm.of
     ref = arm(by_version.get(reference, []))
     comparisons = max(len(rollout.variants) - 1, 1)

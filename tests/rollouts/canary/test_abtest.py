@@ -16,12 +16,12 @@ from rollouts.canary.abtest import (
     VariantDifference,
     ab_difference,
     classify,
+    compare_errors,
     quantile_difference,
     samples_needed,
 )
 from rollouts.canary.analysis import ab_verdict
 from rollouts.canary.clustered import UserArm, ab_difference_by_user
-from rollouts.canary.judge import compare_errors
 from rollouts.models import Deployment, ModelVersion, Rollout
 from rollouts.traffic.sample_types import Sample
 
@@ -260,6 +260,11 @@ def test_a_sticky_rollouts_verdict_is_per_user_and_says_how_many_users_each_side
     rollout.sticky_header = ""
     (plain,) = ab_verdict(rollout, by_version)["variants"]
     assert (plain["unit"], plain["users"], plain["design_effect"]) == ("request", None, 1.0)
+    # Sticky, but no request has a key (an Envoy gateway's lines): per request, and says so.
+    rollout.sticky_header = "X-User"
+    keyless = {n: [dataclasses.replace(s, key="") for s in found] for n, found in by_version.items()}
+    verdict = ab_verdict(rollout, keyless)
+    assert verdict["variants"][0]["unit"] == "request" and "per user" not in verdict["summary"]
     # Per request the intervals are narrower: ten alike requests passed for ten draws.
     assert row["p50_diff_ms"]["high"] - row["p50_diff_ms"]["low"] > (
         plain["p50_diff_ms"]["high"] - plain["p50_diff_ms"]["low"])
