@@ -309,7 +309,9 @@ class RolloutSerializer(serializers.ModelSerializer):
         "properties": {**{key: {"type": ["number", "null"]}
                           for key in canary_analysis.ANALYSIS_DEFAULTS},
                        "metrics": {"type": "array", "items": METRIC_GATE_SCHEMA},
-                       "rollback": ROLLBACK_SCHEMA},
+                       "rollback": ROLLBACK_SCHEMA,
+                       "streamed": {"type": "boolean", "description": "An LLM route: "
+                                    "streamed answers are judged on ttft and generation too"}},
     })
     def get_analysis(self, obj: Rollout) -> dict[str, Any]:
         return canary_analysis.analysis_config(obj)

@@ -21,7 +21,45 @@ import numpy as np
 from scipy import stats
 
 from rollouts.canary import sequential
-from rollouts.canary.judge import Interval, compare_errors
+from rollouts.canary.judge import Interval
+
+
+def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class ErrorComparison:
+    """Canary against baseline error rates (percent); ``difference_pct`` > 0: more errors."""
+
+    p_value: float  # one-sided: the canary fails more often
+    canary_rate_pct: float
+    baseline_rate_pct: float
+    difference_pct: Interval
+
+
+def compare_errors(canary_errors: int, canary_total: int, baseline_errors: int,
+                   baseline_total: int, confidence: float = 0.95) -> ErrorComparison:
+    """Canary against baseline error counts at one look: Fisher's exact test (one-sided) and
+    Newcombe's interval for the difference of the rates, in percentage points."""
+    if canary_total <= 0 or baseline_total <= 0:
+        raise ValueError("both sides need samples")
+    table = [[canary_errors, canary_total - canary_errors],
+             [baseline_errors, baseline_total - baseline_errors]]
+    p_value = float(stats.fisher_exact(table, alternative="greater").pvalue)
+    z = stats.norm.isf((1 - confidence) / 2)
+    p1, p2 = canary_errors / canary_total, baseline_errors / baseline_total
+    l1, u1 = _wilson(canary_errors, canary_total, z)
+    l2, u2 = _wilson(baseline_errors, baseline_total, z)
+    diff = p1 - p2
+    low = diff - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    high = diff + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return ErrorComparison(p_value, 100 * p1, 100 * p2, Interval(100 * diff, 100 * low, 100 * high))
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,8 @@ def analysis_config(rollout: Rollout, overrides: dict[str, Any] | None = None) -
     ceilings from the deployment where none were given."""
     config = {**ANALYSIS_DEFAULTS, "metrics": [], "rollback": None, **(rollout.analysis or {}),
               **(overrides or {})}
+    # An LLM route's streamed answers are judged on their first token and the rest too.
+    config["streamed"] = rollout.baseline.runtime != ModelVersion.Runtime.TRITON
     if config["max_p99_ms"] is None:
         config["max_p99_ms"] = float(rollout.deployment.slo_p99_ms)
     if config["max_error_rate"] is None:

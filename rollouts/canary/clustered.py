@@ -13,7 +13,7 @@ a user of its own), with cluster-robust variances:
   estimator): ``k/(k-1) * sum_i (y_i - p m_i)^2 / M^2``, ``y_i`` the user's requests below,
   ``m_i`` its requests, ``M`` all of them, ``k`` the users;
 * an error rate's variance is the same estimator over the users' failed requests; the
-  difference's Newcombe interval (:func:`rollouts.canary.judge.compare_errors`) is widened by the
+  difference's Newcombe interval (:func:`rollouts.canary.abtest.compare_errors`) is widened by the
   square root of the design effect (the variance over users against the per-request one);
 * the sample needed is :func:`rollouts.canary.abtest.samples_needed` times the design effect of
   the median, and said in users too, at the requests a user made so far;
@@ -38,8 +38,9 @@ import numpy as np
 from scipy import stats
 
 from rollouts.canary import sequential
-from rollouts.canary.abtest import VariantDifference, samples_needed
-from rollouts.canary.judge import Interval, compare_errors, is_failure
+from rollouts.canary.abtest import VariantDifference, compare_errors, samples_needed
+from rollouts.canary.arms import is_failure
+from rollouts.canary.judge import Interval
 
 # Fewer users than this on a side: no variance over users is trusted.
 MIN_USERS = 10

@@ -13,9 +13,12 @@ What it judges, as users feel it (each a *metric*, with its own tolerance):
   request in the tail counts, so it sees a tail regression far sooner than a p99 would;
 * ``errors``: the canary's error rate against what is allowed, the baseline's rate times
   ``1 + error_ratio_pct/100`` plus ``error_tolerance_pct`` points. Errors are 5xx answers,
-  answers no server gave, and timeouts (408, 499); 4xx answers are the client's and are
-  counted apart. Only answered requests (below 400) enter the latency metrics, so fast
-  failures cannot make a canary look fast.
+  answers no server gave, and timeouts (408, 499, 504); 4xx answers are the client's and are
+  counted apart. Only answered requests (below 400) and timed-out ones (at least as slow as
+  they waited) enter the latency metrics (:class:`rollouts.canary.arms.Arm`), so fast
+  failures cannot make a canary look fast, nor do requests that never end drop out;
+* on an LLM route (``streamed``), ``ttft`` and ``generation``: the streamed answers' time to
+  the first token and the time after it, median over median (:func:`streamed_ratio`).
 
 And the SLO gates: the canary alone against the ceilings set (p50/p95/p99 in ms, error rate in
 percent), failing it when it is *shown* above one.
@@ -45,9 +48,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from rollouts.canary import sequential
+from rollouts.canary.arms import Arm
 
 PASS = "pass"
 FAIL = "fail"
@@ -62,12 +65,11 @@ TAU_FACTOR = 2.0
 RESOLVABLE_SHARE = 0.1
 # The fewest answered requests a side before latency is judged at all.
 MIN_LATENCY_SAMPLES = sequential.MIN_FOR_QUANTILE
-TIMEOUT_STATUSES = frozenset({408, 499})
 # The tail metric compares the requests slower than the baseline's p95.
 TAIL_FROM = 0.95
 # Metrics that fail a canary shown beyond their tolerance but need not be shown within it
 # for a pass.
-GUARDS = frozenset({"tail", "recent"})
+GUARDS = frozenset({"tail", "recent", "ttft", "generation"})
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,9 @@ class JudgeConfig:
     max_p95_ms: float | None = None
     max_p99_ms: float | None = None
     max_error_rate: float | None = None
+    streamed: bool = False
+    ttft_tolerance_pct: float = 10.0
+    generation_tolerance_pct: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
@@ -113,8 +118,9 @@ class JudgeConfig:
 
     def alpha_per_test(self, with_baseline: bool = True) -> float:
         """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests
-        (with a baseline: the median, the tail, the errors and the recent window)."""
-        tests = (4 if with_baseline else 0) + len(self.gates())
+        (with a baseline: the median, the tail, the errors and the recent window, and on a
+        ``streamed`` (LLM) route the time to first token and the generation time)."""
+        tests = ((6 if self.streamed else 4) if with_baseline else 0) + len(self.gates())
         return self.alpha / self.fresh_starts / max(tests, 1)
 
 
@@ -129,42 +135,6 @@ class Interval:
     estimate: float
     low: float
     high: float
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One side's requests: the latencies (ms) of those answered (status below 400), how many
-    failed (5xx, no answer, timeouts) and how many the client got a 4xx for."""
-
-    latencies: np.ndarray
-    errors: int
-    client_errors: int
-
-    @property
-    def total(self) -> int:
-        return len(self.latencies) + self.errors + self.client_errors
-
-    @classmethod
-    def of(cls, samples: Sequence[Any], *, upstream: bool = False) -> Arm:
-        """From route samples (``rollouts.traffic.sample_types.Sample``); with ``upstream``,
-        the latencies are the servers' own times (``upstream_ms``), which a mirrored copy and
-        its original are both measured in."""
-        answered, errors, client = [], 0, 0
-        for s in samples:
-            if is_failure(s.status, s.upstream_failed):
-                errors += 1
-            elif s.status >= 400:
-                client += 1
-            elif not upstream:
-                answered.append(s.latency_ms)
-            elif s.upstream_ms is not None:
-                answered.append(s.upstream_ms)
-        return cls(np.asarray(answered, dtype=float), errors, client)
-
-
-def is_failure(status: int, upstream_failed: bool) -> bool:
-    """An error the canary is judged on: a 5xx, no answer from a server, or a timeout."""
-    return status >= 500 or upstream_failed or status in TIMEOUT_STATUSES
 
 
 @dataclass(frozen=True)
@@ -378,6 +348,23 @@ def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance
                     f"the requests above the baseline's p95 of {threshold:.3g} ms")
 
 
+def streamed_ratio(name: str, canary_ms: np.ndarray, baseline_ms: np.ndarray,
+                   tolerance_pct: float, alpha: float) -> Metric:
+    """An LLM route's streamed answers, median over median (a guard): ``ttft``, the time to
+    the first token, or ``generation``, the time after it. The router does not see how many
+    tokens an answer had; the requests are split at random, so the generation time's ratio is
+    the time per output token's, times the ratio of the answers' lengths (a version that
+    answers at more length is slower for its users too)."""
+    return quantile_ratio(name, 0.5, *_aligned(canary_ms, baseline_ms), tolerance_pct, alpha)
+
+
+def _aligned(canary_ms: np.ndarray, baseline_ms: np.ndarray) -> tuple[sequential.Sorted, sequential.Sorted]:
+    """Both sides sorted on the coarser of their recording steps."""
+    c, b = sequential.Sorted(canary_ms), sequential.Sorted(baseline_ms)
+    step = max(c.step, b.step)
+    return (c if c.step == step else c.with_step(step)), (b if b.step == step else b.with_step(step))
+
+
 def recent_median(recent: Recent, config: JudgeConfig, alpha: float, step: float) -> Metric:
     """The median ratio over the current block only, at its block's share of ``alpha``: a
     guard (it fails a canary that turned slow; it does not hold a pass)."""
@@ -455,12 +442,8 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
     metrics: list[Metric] = []
     step = c_sorted.step
     if baseline is not None:
-        b_sorted = sequential.Sorted(baseline.latencies)
-        step = max(step, b_sorted.step)
-        if c_sorted.step != step:
-            c_sorted = c_sorted.with_step(step)
-        if b_sorted.step != step:
-            b_sorted = b_sorted.with_step(step)
+        c_sorted, b_sorted = _aligned(canary.latencies, baseline.latencies)
+        step = c_sorted.step
         central = (paired_ratio(*pairs, config.latency_tolerance_pct, alpha, step)
                    if pairs is not None else
                    quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct,
@@ -470,6 +453,11 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
             tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
             error_excess(canary, baseline, config, alpha),
         ]
+        if config.streamed:
+            metrics += [streamed_ratio("ttft", canary.ttft, baseline.ttft,
+                                       config.ttft_tolerance_pct, alpha),
+                        streamed_ratio("generation", canary.generation, baseline.generation,
+                                       config.generation_tolerance_pct, alpha)]
         if recent is not None and recent.block >= 2:  # the first block is all the evidence
             metrics.append(recent_median(recent, config, alpha, step))
     gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
@@ -524,6 +512,8 @@ def describe(m: Metric, config: JudgeConfig) -> str:
         return f"{m.name}: {m.note}"
     if m.unit == "log-ratio":
         what = {"median": "median latency", "recent": "median latency in the current window",
+                "ttft": "median time to first token (streamed answers)",
+                "generation": "median generation time after the first token",
                 "paired": "the same requests on the canary (geometric mean of each one's "
                           "ratio)"}.get(
             m.name, "the slowest requests (above the baseline's p95)")
@@ -553,46 +543,3 @@ def describe(m: Metric, config: JudgeConfig) -> str:
     if m.state == "open":
         return f"{text}: not yet shown within"
     return f"{text}: within"
-
-
-# --------------------------------------------------------------------------------------------
-# Error-rate differences, for the A/B numbers
-# --------------------------------------------------------------------------------------------
-
-
-def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-@dataclass(frozen=True)
-class ErrorComparison:
-    """Canary against baseline error rates (percent); ``difference_pct`` > 0: more errors."""
-
-    p_value: float  # one-sided: the canary fails more often
-    canary_rate_pct: float
-    baseline_rate_pct: float
-    difference_pct: Interval
-
-
-def compare_errors(canary_errors: int, canary_total: int, baseline_errors: int,
-                   baseline_total: int, confidence: float = 0.95) -> ErrorComparison:
-    """Canary against baseline error counts at one look: Fisher's exact test (one-sided) and
-    Newcombe's interval for the difference of the rates, in percentage points."""
-    if canary_total <= 0 or baseline_total <= 0:
-        raise ValueError("both sides need samples")
-    table = [[canary_errors, canary_total - canary_errors],
-             [baseline_errors, baseline_total - baseline_errors]]
-    p_value = float(stats.fisher_exact(table, alternative="greater").pvalue)
-    z = stats.norm.isf((1 - confidence) / 2)
-    p1, p2 = canary_errors / canary_total, baseline_errors / baseline_total
-    l1, u1 = _wilson(canary_errors, canary_total, z)
-    l2, u2 = _wilson(baseline_errors, baseline_total, z)
-    diff = p1 - p2
-    low = diff - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
-    high = diff + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
-    return ErrorComparison(p_value, 100 * p1, 100 * p2, Interval(100 * diff, 100 * low, 100 * high))

@@ -53,6 +53,8 @@ ANALYSIS_DEFAULTS: dict[str, Any] = {
     "tail_tolerance_pct": 10.0,
     "error_tolerance_pct": 0.2,
     "error_ratio_pct": 100.0,
+    "ttft_tolerance_pct": 10.0,
+    "generation_tolerance_pct": 10.0,
     "alpha": 0.05,
     "warmup_s": 2.0,
     "window_s": 60,
@@ -74,6 +76,8 @@ ANALYSIS_LIMITS: dict[str, tuple[float, float, type]] = {
     "tail_tolerance_pct": (0, 1000, float),
     "error_tolerance_pct": (0, 100, float),
     "error_ratio_pct": (0, 10_000, float),
+    "ttft_tolerance_pct": (0, 1000, float),
+    "generation_tolerance_pct": (0, 1000, float),
     "alpha": (0.0001, 0.4999, float),
     "warmup_s": (0, 3600, float),
     "window_s": (0, 86400, int),
@@ -106,6 +110,9 @@ def judge_config(config: dict[str, Any]) -> JudgeConfig:
         fresh_starts=fresh_starts(config),
         max_p50_ms=config.get("max_p50_ms"), max_p95_ms=config.get("max_p95_ms"),
         max_p99_ms=config.get("max_p99_ms"), max_error_rate=config.get("max_error_rate"),
+        streamed=bool(config.get("streamed")),
+        ttft_tolerance_pct=config.get("ttft_tolerance_pct", 10.0),
+        generation_tolerance_pct=config.get("generation_tolerance_pct", 10.0),
     )
 
 

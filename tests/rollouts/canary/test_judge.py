@@ -213,8 +213,54 @@ def test_fast_failures_stay_out_of_the_latency_and_4xx_answers_are_counted_apart
     errors = metric(judgement, "errors")
     assert errors.canary == pytest.approx(600 / 3000) and errors.state == FAIL
     assert judgement.client_errors == {"canary": 300, "baseline": 0}
+    # A timeout is an error, and a slow request too (at least as slow as it waited).
     timeouts = Arm.of([_sample(499, 30000.0, ""), _sample(200, 5.0), _sample(404, 2.0, "404")])
-    assert (timeouts.errors, timeouts.client_errors, len(timeouts.latencies)) == (1, 1, 1)
+    assert (timeouts.errors, timeouts.client_errors) == (1, 1)
+    assert sorted(timeouts.latencies) == [5.0, 30000.0]
+
+
+def test_requests_that_time_out_count_as_slow_so_a_hanging_canary_fails_on_latency_too():
+    """A canary whose slowest 8% run into the router's 60 s deadline (504): with the error
+    budget opened wide, only the latency metrics can see it, and they do."""
+    rng = np.random.default_rng(21)
+    base = [_sample(200, float(v)) for v in latencies(rng, 3000)]
+    canary = ([_sample(200, float(v)) for v in latencies(rng, 2760)]
+              + [_sample(504, 60000.0, "504")] * 240)
+    lenient = JudgeConfig(error_tolerance_pct=50)
+
+    judgement = judge_samples(canary, base, lenient)
+
+    assert metric(judgement, "errors").state != FAIL
+    assert judgement.verdict == FAIL and metric(judgement, "tail").state == FAIL
+    dropped = judge(Arm(Arm.of(canary).latencies[Arm.of(canary).latencies < 60000], 240, 0),
+                    Arm.of(base), lenient)
+    assert dropped.verdict != FAIL  # what dropping them would have shown
+
+
+def _streamed(rng, n: int, ttft_scale: float, *, stream: bool = True) -> list[Sample]:
+    first = latencies(rng, n, ttft_scale, median=40.0)
+    rest = latencies(rng, n, median=400.0)
+    return [Sample(0.0, 1, "v", False, 200, f + r + 1, f + r, 900, "200", "a", "POST",
+                   "/v1/completions", f"r{i}", "", f, stream)
+            for i, (f, r) in enumerate(zip(first, rest, strict=True))]
+
+
+def test_an_llm_route_judges_the_time_to_first_token_and_the_generation_apart():
+    """First tokens 40% slower are hidden in the total time of 440 ms answers (+4%, within
+    5%), and found on ``ttft``; only streamed answers are read, and only on a streamed route."""
+    rng = np.random.default_rng(22)
+    base, canary = _streamed(rng, 1500, 1.0), _streamed(rng, 1500, 1.4)
+    llm = JudgeConfig(streamed=True)
+
+    judgement = judge_samples(canary, base, llm)
+
+    assert llm.alpha_per_test() == pytest.approx(0.05 / 6)
+    assert metric(judgement, "ttft").state == FAIL and judgement.verdict == FAIL
+    assert metric(judgement, "generation").state != FAIL
+    assert "ttft" in GUARDS and "generation" in GUARDS
+    assert not any(m.name == "ttft" for m in judge_samples(canary, base, CONFIG).metrics)
+    unstreamed = Arm.of(_streamed(rng, 10, 1.0, stream=False))
+    assert len(unstreamed.ttft) == 0 and len(unstreamed.latencies) == 10
 
 
 # --------------------------------------------------------------------------------------------
