@@ -148,8 +148,8 @@ def _versions_of_variants(deployment_id: int) -> dict[str, int]:
 
 
 def interim_ab_verdict(rollout: Rollout) -> dict[str, Any] | None:
-    """The A/B numbers so far (on the page only, not the live part: the bootstrap intervals
-    take a moment), or None before the split is in force or when Redis cannot be read."""
+    """The A/B numbers so far (on the page only, not the live part: reading every sample of
+    the split takes a moment), or None before the split is in force or when Redis cannot be read."""
     if (rollout.strategy != Rollout.Strategy.AB or rollout.state != State.PROGRESSING
             or not rollout.weights or rollout.step_started_at is None):
         return None
