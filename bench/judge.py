@@ -33,6 +33,11 @@ rollouts': a shadow run alone must show its copies within, errors included, and 
 errors within 0.2 points takes thousands of copies (a shadow before live steps passes once
 nothing is shown beyond, as an earlier analysis step does).
 
+The ``bake-`` scenarios run the bake after 100% on its own (``analysis.bake_s`` 300 s):
+every request on the candidate, judged against its own earlier requests block by block
+(``window_s``, 60 s) and against the SLO gates; ``bake-aa`` must run out (pass), a version
+that turns 20% slower 150 s in (mid-block) must be sent back.
+
 Goals (issue 22): A/A false fail <= 5% with its upper bound <= 6%; A/A inconclusive <= 10%;
 detection >= 95% for +10% median, p99 +50% and errors 0.1% -> 1% at 5% first weight with
 1 s looks, and for +10% on a shadow; no contradiction.
@@ -92,6 +97,7 @@ class Scenario:
     bad: bool = True  # a fail is the right answer
     settings: dict = field(default_factory=dict)  # analysis settings over the defaults
     shadow: bool = False  # a shadow step: copies of every request, judged in pairs
+    bake: bool = False  # the bake after 100%: the candidate alone, judged against itself
 
     def latency(self, rng: np.random.Generator, n: int, canary: bool, since_start: float) -> np.ndarray:
         u = rng.random(n)
@@ -133,12 +139,17 @@ SCENARIOS = {s.name: s for s in [
     Scenario("shadow-median+10%", shadow=True, median_factor=1.10),
     Scenario("shadow-median+160%", shadow=True, median_factor=2.60),
     Scenario("shadow-errors-0.1%-1%", shadow=True, canary_errors=0.01),
+    Scenario("bake-aa", bake=True, bad=False),
+    Scenario("bake-late-onset-150s+20%", bake=True, median_factor=1.20, onset_s=150),
+    Scenario("bake-late-onset-150s+10%", bake=True, median_factor=1.10, onset_s=150),
 ]}
-AA = [name for name in SCENARIOS if name.startswith("aa-") or name.startswith("shadow-aa")]
-DETECTION_GOALS = ["median+10%", "p99+50%", "errors-0.1%-1%", "shadow-median+10%"]
+AA = [name for name in SCENARIOS if name.startswith(("aa-", "shadow-aa", "bake-aa"))]
+DETECTION_GOALS = ["median+10%", "p99+50%", "errors-0.1%-1%", "shadow-median+10%",
+                   "bake-late-onset-150s+20%"]
 # A shadow's pair: both sides share each request's own cost (its size, the server's load at
 # that moment: the demo's latency distribution) and add noise of their own (log sd).
 SHADOW_OWN_SD = 0.15
+BAKE_S = 300  # the bake scenarios' analysis.bake_s
 
 
 class Side:
@@ -212,12 +223,38 @@ def shadow_run(sc: Scenario, rng: np.random.Generator) -> dict:
                     "seconds": now, "contradictions": contradictions}
 
 
+def bake_run(sc: Scenario, rng: np.random.Generator) -> dict:
+    """The bake after 100% on its own (``BAKE_S``, the default ``window_s`` blocks): all 75
+    requests a second on the candidate, looked at every second through the reconciler's
+    decision (``policy.bake_block`` and ``policy.bake_judge``). It ends ``fail`` (back to
+    the baseline) or ``pass`` (the bake ran out: promoted)."""
+    config = {**DEFAULTS, "bake_s": BAKE_S}
+    side, contradictions, now = Side(), 0, 0.0
+    while now < BAKE_S:
+        n = int(rng.poisson(RATE))
+        if n:
+            rate = sc.canary_errors if now >= sc.onset_s else sc.base_errors
+            side.add(now + rng.random(n), sc.latency(rng, n, True, now), rng.random(n) < rate)
+        now += 1.0
+        block_from, block = policy.bake_block(0.0, now, config)
+        warm = [policy.StepWindow(0.0, None, config["warmup_s"])]
+        j = policy.bake_judge(_arm(side, warm, block_from),
+                              _arm(side, [policy.StepWindow(0.0, block_from, config["warmup_s"])]),
+                              block, config)
+        contradictions += _contradicts(j)
+        if j.verdict == judging.FAIL:
+            return {"end": judging.FAIL, "seconds": now, "contradictions": contradictions}
+    return {"end": judging.PASS, "seconds": now, "contradictions": contradictions}
+
+
 def one_run(name: str, seed: int) -> dict:
     """One simulated rollout: its end, seconds to it, and contradictions seen."""
     sc = SCENARIOS[name]
     rng = np.random.default_rng(seed)
     if sc.shadow:
         return shadow_run(sc, rng)
+    if sc.bake:
+        return bake_run(sc, rng)
     config = policy.judge_config({**DEFAULTS, **sc.settings})
     canary, base = Side(), Side()
     windows: list[policy.StepWindow] = []

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rollouts.canary.arms import Arm
 from rollouts.canary.judge import (
     FAIL,
     INCONCLUSIVE,
@@ -38,7 +39,7 @@ from rollouts.canary.judge import (
     JudgeConfig,
     Judgement,
     block_alpha,
-    judge_samples,
+    judge,
 )
 
 RUNNING = "running"
@@ -185,15 +186,27 @@ def bake_look(samples: Sequence[Any], start: float, now: float, config: dict[str
     With no baseline beside it, the candidate is judged against itself: the requests of the
     current block of ``window_s`` seconds (past the warm-up) against every earlier request of
     the bake (median, tail, errors: a version that degrades minutes in shows here), and the
-    current block against the SLO gates. Each block spends its own share of ``alpha``
-    (:func:`block_alpha`), so the whole bake, however long, fails a steady version at most
-    ``alpha`` of the time."""
-    warm = start + config["warmup_s"]
+    current block against the SLO gates (:func:`bake_judge`)."""
+    block_from, block = bake_block(start, now, config)
+    kept = [s for s in samples if s.t >= start + config["warmup_s"]]
+    recent = Arm.of([s for s in kept if s.t >= block_from])
+    earlier = Arm.of([s for s in kept if s.t < block_from])
+    return bake_judge(recent, earlier, block, config)
+
+
+def bake_block(start: float, now: float, config: dict[str, Any]) -> tuple[float, int]:
+    """The bake's current block: blocks of ``window_s`` (the whole bake when 0) from the end
+    of the warm-up after ``start``; (its start, its number from 1)."""
     seconds = config["window_s"] or max(config["bake_s"], 1)
-    kept = [s for s in samples if s.t >= warm]
-    block_from, block = recent_block([StepWindow(warm, None, 0.0)], now, seconds)
-    recent = [s for s in kept if s.t >= block_from]
-    earlier = [s for s in kept if s.t < block_from]
+    warm = start + config["warmup_s"]
+    return recent_block([StepWindow(warm, None, 0.0)], now, seconds)
+
+
+def bake_judge(recent: Arm, earlier: Arm, block: int, config: dict[str, Any]) -> Judgement:
+    """The bake's judgement of the current block (``recent``) against the bake's earlier
+    requests (from the second block on), and against the SLO gates. Each block spends its
+    own share of ``alpha`` (:func:`block_alpha`), so the whole bake, however long, fails a
+    steady version at most ``alpha`` of the time (measured: ``bench/judge.py``, ``bake-``)."""
     judged = replace(judge_config(config), alpha=block_alpha(config["alpha"], block),
                      fresh_starts=1)
-    return judge_samples(recent, earlier if block >= 2 else None, judged)
+    return judge(recent, earlier if block >= 2 else None, judged)

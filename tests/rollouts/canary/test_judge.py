@@ -436,3 +436,19 @@ def test_a_shadow_judges_the_servers_own_times_and_counts_failed_copies_as_error
     assert paired.estimate == pytest.approx(math.log(2.0), abs=0.01) and paired.state == FAIL
     assert metric(found, "errors").canary == pytest.approx(10 / 200)
     assert found.canary_samples == 200
+
+
+def test_the_judge_bench_runs_the_bake_and_reports_the_issues_keys():
+    """``bench/judge.py --json`` on a few bake runs: the keys the issue names, a steady
+    version baked through, one that turns 20% slower 150 s in sent back soon after."""
+    from tests.bench_run import run_bench
+
+    found = run_bench("judge.py", "--runs", "3", "--jobs", "1",
+                      "--scenarios", "bake-aa,bake-late-onset-150s+20%")
+
+    assert {"aa_false_fail_rate", "aa_false_fail_upper95", "aa_inconclusive_rate", "detection",
+            "time_to_verdict_s", "contradictions"} <= set(found)
+    assert found["scenarios"]["bake-aa"]["pass"] == 1.0
+    assert found["detection"]["bake-late-onset-150s+20%"] == 1.0
+    assert 150 < found["time_to_verdict_s"]["bake-late-onset-150s+20%"] < 180
+    assert found["contradictions"] == 0
