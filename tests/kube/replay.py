@@ -17,6 +17,7 @@ the order they were recorded.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import dataclass, field
@@ -48,6 +49,35 @@ def answered(request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any
     return {**request, "note": f"{request['note']} / answered as: {response['note']}",
             "status": response["status"], "response_headers": response["response_headers"],
             "response_body": response["response_body"]}
+
+
+#: Switchyard's field manager: every write it makes names it (``fieldManager=switchyard``).
+FIELD_MANAGER = "switchyard"
+_WRITES = ("POST", "PUT", "PATCH")
+
+
+def by_switchyard(exchange: dict[str, Any]) -> dict[str, Any]:
+    """A recorded create, update or patch as Switchyard sends it: naming its field manager.
+
+    Most writes were recorded without ``fieldManager``, so the client's default manager
+    (``OpenAPI-Generator``, from its User-Agent) owns what they wrote. The API server takes
+    ``fieldManager`` on every create, update and patch, and it changes nothing of the answer
+    but the manager named in ``managedFields``: the recorded answer stands, with that name
+    changed to ``switchyard``. Reads, deletes and writes that already name a manager (the
+    server-side applies) are returned as recorded."""
+    query = _query(exchange["query"])
+    if exchange["method"] not in _WRITES or "fieldManager" in query:
+        return exchange
+    raw = exchange["query"]
+    body = copy.deepcopy(exchange["response_body"])
+    if isinstance(body, dict):
+        for entry in (body.get("metadata") or {}).get("managedFields") or []:
+            if isinstance(entry, dict) and entry.get("manager") == "OpenAPI-Generator":
+                entry["manager"] = FIELD_MANAGER
+    return {**exchange, "note": f"{exchange['note']} (sent with fieldManager={FIELD_MANAGER})",
+            "query": f"{raw}&fieldManager={FIELD_MANAGER}" if raw else
+                     f"fieldManager={FIELD_MANAGER}",
+            "response_body": body}
 
 
 def _path(path: str) -> str:

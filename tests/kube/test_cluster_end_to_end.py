@@ -32,7 +32,7 @@ from rollouts.models import ModelVersion, ServerWorkload
 from rollouts.workloads import reconciler as workload_reconciler
 from tests.factories import DeploymentFactory, ModelFactory, ModelVersionFactory
 from tests.fixtures import sent_tasks
-from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
+from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, by_switchyard, exchanges
 from tests.kube.schemas import HTTPROUTE_V1BETA1, validate_builtin, validate_custom
 
 pytestmark = pytest.mark.django_db
@@ -87,7 +87,7 @@ def test_an_admin_adds_a_cluster_its_gpus_sync_a_deployer_runs_triton_and_weight
         + exchanges("02-nodes", 20) + exchanges("03-deployments", 11)  # sync: list
         + exchanges("02-nodes", 21)  # sync: watch
         + exchanges("03-deployments", 34) + [service_apply(spec_v3)]  # the Triton server
-        + exchanges("04-gateway-api", 0, 1, 27, 28)  # the route's weights
+        + [by_switchyard(e) for e in exchanges("04-gateway-api", 0, 1, 27, 28)]  # weights
     )
     with RecordedApiServer(script) as srv:
         # 1. A platform admin adds the cluster; the token is stored, never shown back.

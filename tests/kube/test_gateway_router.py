@@ -28,7 +28,13 @@ from fleet.adapters.routers.base import (
     Variant,
 )
 from fleet.adapters.routers.gateway_api import MISSING, GatewayApiRouter
-from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, answered, exchanges
+from tests.kube.replay import (
+    GOOD_TOKEN,
+    RecordedApiServer,
+    answered,
+    by_switchyard,
+    exchanges,
+)
 from tests.kube.schemas import HTTPROUTE_V1, HTTPROUTE_V1BETA1, validate_custom
 
 V1 = "http://triton-fraud-v1.serving:8000"
@@ -36,11 +42,12 @@ V2 = "http://triton-fraud-v2.serving.svc.cluster.local:8000"
 
 
 def gw(n: int) -> dict[str, Any]:
-    return exchanges("04-gateway-api", n)[0]
+    """Exchange ``n`` of 04, its writes naming Switchyard's field manager (by_switchyard)."""
+    return by_switchyard(exchanges("04-gateway-api", n)[0])
 
 
 def gw1(n: int) -> dict[str, Any]:
-    return exchanges("04b-gateway-api-v1", n)[0]
+    return by_switchyard(exchanges("04b-gateway-api-v1", n)[0])
 
 
 def auth(n: int) -> dict[str, Any]:
@@ -120,6 +127,21 @@ def test_weights_change_by_a_put_carrying_the_resource_version_read():
     [body] = written(srv, "PUT")
     assert body["metadata"]["resourceVersion"] == "280"
     validate_custom(body, HTTPROUTE_V1BETA1)
+
+
+def test_every_write_names_switchyard_as_its_field_manager():
+    """A create and a PUT each carry ``fieldManager=switchyard`` (as the workloads' applies
+    do), so the HTTPRoute's managedFields name Switchyard, not ``OpenAPI-Generator``."""
+    script = [answered(gw(5), gw(34)), gw(7), gw(4), gw(27), gw(28)]
+    with RecordedApiServer(script) as srv:
+        subject = router(srv)
+        subject.apply(fraud(100, 0))
+        result = subject.apply(fraud(100, 0))
+    srv.assert_all_matched()
+    writes = [r for r in srv.received if r.method in ("POST", "PUT", "PATCH")]
+    assert [r.method for r in writes] == ["POST", "PUT"]
+    assert all(r.query.get("fieldManager") == ["switchyard"] for r in writes)
+    assert result.changed
 
 
 def test_a_stale_write_is_read_again_and_retried():

@@ -28,14 +28,21 @@ from fleet.adapters.routers.base import (
     Variant,
 )
 from fleet.adapters.routers.istio import MISSING, IstioRouter, route_problem, rule_patch
-from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, answered, exchanges
+from tests.kube.replay import (
+    GOOD_TOKEN,
+    RecordedApiServer,
+    answered,
+    by_switchyard,
+    exchanges,
+)
 from tests.kube.schemas import DESTINATIONRULE_V1, VIRTUALSERVICE_V1, validate_custom
 
 SHARED = "http://triton-fraud.serving.svc.cluster.local:8000"
 
 
 def ist(n: int) -> dict[str, Any]:
-    return exchanges("05-istio", n)[0]
+    """Exchange ``n`` of 05, its writes naming Switchyard's field manager (see by_switchyard)."""
+    return by_switchyard(exchanges("05-istio", n)[0])
 
 
 def auth(n: int) -> dict[str, Any]:
@@ -105,6 +112,19 @@ def test_weights_change_by_one_merge_patch_of_the_http_list():
     assert result.changed and "weights in force v1 0, v2 100" in result.message
     [patch] = [r.body for r in srv.received if r.method == "PATCH"]
     validate_custom(merged(ist(2)["response_body"], patch), VIRTUALSERVICE_V1)
+
+
+def test_every_write_names_switchyard_as_its_field_manager():
+    """The DestinationRule's and the VirtualService's creates, and a weight change, each carry
+    ``fieldManager=switchyard``, so managedFields name Switchyard, not ``OpenAPI-Generator``."""
+    with RecordedApiServer([ist(13), ist(0), ist(1), ist(2), ist(10), ist(6)]) as srv:
+        subject = router(srv)
+        subject.apply(fraud(90, 10))
+        subject.apply(fraud(0, 100))
+    srv.assert_all_matched()
+    writes = [r for r in srv.received if r.method in ("POST", "PUT", "PATCH")]
+    assert [r.method for r in writes] == ["POST", "POST", "PATCH"]
+    assert all(r.query.get("fieldManager") == ["switchyard"] for r in writes)
 
 
 def test_applying_again_reads_and_writes_nothing():

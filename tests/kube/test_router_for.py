@@ -13,7 +13,7 @@ from fleet.adapters.routers.istio import IstioRouter
 from fleet.inventory.routers import has_router, routed_clusters, router_for
 from fleet.models import Cluster
 from tests.factories import ClusterFactory
-from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, exchanges
+from tests.kube.replay import GOOD_TOKEN, RecordedApiServer, by_switchyard, exchanges
 
 pytestmark = pytest.mark.django_db
 
@@ -84,7 +84,7 @@ def test_unusable_settings_are_a_value_error_with_the_reason(fields, words):
 def test_the_router_of_a_cluster_row_creates_a_route_exactly_as_the_real_server_saw_it():
     """Discovery (v1beta1), the route missing (its GET answered with the recorded 404 of a
     missing HTTPRoute), the Gateway's listener, the create (04 #4): built from the row alone."""
-    gw = exchanges("04-gateway-api")
+    gw = [by_switchyard(e) for e in exchanges("04-gateway-api")]
     missing = {**gw[5], "status": 404, "response_headers": gw[34]["response_headers"],
                "response_body": gw[34]["response_body"]}
     spec = RouteSpec("fraud-scorer", KSERVE_V2, (

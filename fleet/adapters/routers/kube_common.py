@@ -10,7 +10,9 @@
   the field.
 * :class:`CustomObjects`: one API client for the calls of one router operation, each failure a
   readable :class:`~fleet.adapters.kubernetes.KubeError` (a CRD that is not installed says
-  so, with ``missing_api``).
+  so, with ``missing_api``). Every write names the field manager ``switchyard`` (as the
+  workloads' server-side applies do), so an object's ``managedFields`` say which of its
+  fields Switchyard wrote, not the client library's default ``OpenAPI-Generator``.
 * :func:`percentages` and :func:`variant_names`: reading a split back from an object.
 
 Plain Python: no Django, no settings.
@@ -28,7 +30,14 @@ from urllib.parse import urlsplit
 
 from kubernetes import client
 
-from fleet.adapters.kubernetes import KubeAccess, KubeError, api_client, call, request_timeout
+from fleet.adapters.kubernetes import (
+    FIELD_MANAGER,
+    KubeAccess,
+    KubeError,
+    api_client,
+    call,
+    request_timeout,
+)
 from fleet.adapters.routers.base import (
     KSERVE_V2,
     LEAST_PENDING,
@@ -277,19 +286,22 @@ class CustomObjects:
     def create(self, version: str, plural: str, namespace: str, body: dict[str, Any]) -> Any:
         return self._call(self.objects.create_namespaced_custom_object,
                           f"create {plural} {namespace}/{body['metadata']['name']}",
-                          self.group, version, namespace, plural, body)
+                          self.group, version, namespace, plural, body,
+                          field_manager=FIELD_MANAGER)
 
     def replace(self, version: str, plural: str, namespace: str, body: dict[str, Any]) -> Any:
         name = body["metadata"]["name"]
         return self._call(self.objects.replace_namespaced_custom_object,
                           f"update {plural} {namespace}/{name}",
-                          self.group, version, namespace, plural, name, body)
+                          self.group, version, namespace, plural, name, body,
+                          field_manager=FIELD_MANAGER)
 
     def merge_patch(self, version: str, plural: str, namespace: str, name: str,
                     patch: dict[str, Any]) -> Any:
         return self._call(self.objects.patch_namespaced_custom_object,
                           f"patch {plural} {namespace}/{name}",
                           self.group, version, namespace, plural, name, patch,
+                          field_manager=FIELD_MANAGER,
                           _content_type="application/merge-patch+json")
 
     def delete(self, version: str, plural: str, namespace: str, name: str) -> bool:
