@@ -45,6 +45,12 @@ def ist(n: int) -> dict[str, Any]:
     return by_switchyard(exchanges("05-istio", n)[0])
 
 
+def guarded(n: int) -> dict[str, Any]:
+    """Exchange ``n`` of 08 (merge patches carrying ``metadata.resourceVersion``; another
+    writer's change in between), its writes naming Switchyard's field manager."""
+    return by_switchyard(exchanges("08-istio-guarded-writes", n)[0])
+
+
 def auth(n: int) -> dict[str, Any]:
     return exchanges("06-auth-errors", n)[0]
 
@@ -102,25 +108,98 @@ def test_a_new_route_on_one_service_creates_its_subsets_first_then_the_virtual_s
     validate_custom(service, VIRTUALSERVICE_V1)
 
 
-def test_weights_change_by_one_merge_patch_of_the_http_list():
-    """GIVEN the route at 90/10 (#2) and its subsets in place (#10) WHEN 0/100 is applied THEN
-    one merge patch replaces the http list (#6); the DestinationRule is left as it is."""
-    with RecordedApiServer([ist(2), ist(10), ist(6)]) as srv:
-        result = router(srv).apply(fraud(0, 100))
+def test_weights_change_by_one_merge_patch_carrying_the_resource_version_read():
+    """GIVEN the route at 90/10, resourceVersion 238 (08 #2), and its subsets in place (05 #10)
+    WHEN 80/20 is applied THEN one merge patch of the http list carries resourceVersion 238
+    (08 #3: the server checks it as it checks a PUT's); the DestinationRule is left as it is."""
+    with RecordedApiServer([guarded(2), ist(10), guarded(3)]) as srv:
+        result = router(srv).apply(fraud(80, 20))
     srv.assert_all_matched()
     assert srv.unused == []
-    assert result.changed and "weights in force v1 0, v2 100" in result.message
+    assert result.changed and "weights in force v1 80, v2 20" in result.message
     [patch] = [r.body for r in srv.received if r.method == "PATCH"]
-    validate_custom(merged(ist(2)["response_body"], patch), VIRTUALSERVICE_V1)
+    assert patch["metadata"] == {"resourceVersion": "238"}
+    validate_custom(merged(guarded(2)["response_body"], patch), VIRTUALSERVICE_V1)
+
+
+def another_writers_change_then_ours() -> dict[str, Any]:
+    """The one request of this scenario that was not recorded: Switchyard's merge patch at the
+    resourceVersion the other writer left (240), 50/50, the other writer's ``retries`` kept.
+    The recorded server accepted a guarded write at 240 (08 #7, a JSON patch to 50/50) and
+    answered the object with 50/50 and the retries kept: that answer stands for this one."""
+    stale, accepted = guarded(5), guarded(7)
+    http = copy.deepcopy(guarded(6)["response_body"]["spec"]["http"])
+    for destination in http[0]["route"]:
+        destination["weight"] = 50
+    return {**stale, "note": "merge patch at 240, 50/50, retries kept / answered as 08 #7",
+            "request_body": {"metadata": {"resourceVersion": "240"}, "spec": {"http": http}},
+            "status": accepted["status"], "response_headers": accepted["response_headers"],
+            "response_body": accepted["response_body"]}
+
+
+def test_another_writers_change_between_read_and_write_is_a_conflict_read_again_and_kept():
+    """GIVEN Switchyard read the route at 80/20 (resourceVersion 239: 08 #2's read answered
+    with the object #3 left) and another writer then set 33/67 and added a retries block (240)
+    WHEN 50/50 is applied THEN the merge patch carrying 239 is refused (08 #5: 409), the route
+    is read again (08 #6) and patched at 240 with the retries block kept."""
+    script = [answered(guarded(2), guarded(3)), ist(10), guarded(5), guarded(6), ist(10),
+              another_writers_change_then_ours()]
+    with RecordedApiServer(script) as srv:
+        result = router(srv).apply(fraud(50, 50))
+    srv.assert_all_matched()
+    assert srv.unused == []
+    first, second = [r.body for r in srv.received if r.method == "PATCH"]
+    assert first["metadata"] == {"resourceVersion": "239"}
+    assert second["metadata"] == {"resourceVersion": "240"}
+    assert second["spec"]["http"][0]["retries"] == {
+        "attempts": 3, "perTryTimeout": "2s", "retryOn": "5xx,reset,connect-failure"}
+    after = merged(guarded(6)["response_body"], second)
+    validate_custom(after, VIRTUALSERVICE_V1)
+    assert after["spec"] == guarded(10)["response_body"]["spec"]
+    assert result.changed and "weights in force v1 50, v2 50" in result.message
+
+
+def test_a_route_that_keeps_changing_is_a_readable_conflict_after_three_attempts():
+    script = [answered(guarded(2), guarded(3)), ist(10), guarded(5)] * 3
+    with RecordedApiServer(script) as srv, pytest.raises(KubeError) as refused:
+        router(srv).apply(fraud(50, 50))
+    srv.assert_all_matched()
+    assert srv.unused == []
+    assert refused.value.kind == "conflict" and not refused.value.permanent
+    assert ("VirtualService serving/fraud-scorer changed under Switchyard on each of 3 "
+            "attempts (409 Conflict); nothing of this change was written") in refused.value.message
+
+
+def test_a_route_another_writer_added_retries_to_reads_back_as_its_split():
+    spec = router().spec_of(guarded(6)["response_body"])
+    assert spec.weights() == {"v1": 33, "v2": 67}
+
+
+def test_a_destination_rule_keeps_what_another_writer_added_to_its_policy_and_subsets():
+    subject = router()
+    before = copy.deepcopy(ist(10)["response_body"])
+    before["spec"]["trafficPolicy"]["connectionPool"] = {"tcp": {"maxConnections": 100}}
+    before["spec"]["subsets"][1]["trafficPolicy"] = {"tls": {"mode": "ISTIO_MUTUAL"}}
+    wanted = subject.destination_rule("fraud-scorer", subject.plan(RouteSpec(
+        "fraud-scorer", OPENAI, (Variant("v2", SHARED, 50), Variant("v3", SHARED, 50)))))
+    grow = rule_patch(before, wanted, keep=True)
+    assert grow["metadata"] == {"resourceVersion": before["metadata"]["resourceVersion"]}
+    after = merged(merged(before, grow), rule_patch(merged(before, grow), wanted, keep=False))
+    validate_custom(after, DESTINATIONRULE_V1)
+    assert after["spec"]["trafficPolicy"]["connectionPool"] == {"tcp": {"maxConnections": 100}}
+    assert after["spec"]["subsets"][0] == {
+        "name": "v2", "labels": {"switchyard.io/revision": "v2"},
+        "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}
 
 
 def test_every_write_names_switchyard_as_its_field_manager():
     """The DestinationRule's and the VirtualService's creates, and a weight change, each carry
     ``fieldManager=switchyard``, so managedFields name Switchyard, not ``OpenAPI-Generator``."""
-    with RecordedApiServer([ist(13), ist(0), ist(1), ist(2), ist(10), ist(6)]) as srv:
+    script = [ist(13), ist(0), ist(1), guarded(2), ist(10), guarded(3)]
+    with RecordedApiServer(script) as srv:
         subject = router(srv)
         subject.apply(fraud(90, 10))
-        subject.apply(fraud(0, 100))
+        subject.apply(fraud(80, 20))
     srv.assert_all_matched()
     writes = [r for r in srv.received if r.method in ("POST", "PUT", "PATCH")]
     assert [r.method for r in writes] == ["POST", "POST", "PATCH"]
@@ -128,10 +207,12 @@ def test_every_write_names_switchyard_as_its_field_manager():
 
 
 def test_applying_again_reads_and_writes_nothing():
-    with RecordedApiServer([ist(4), ist(10), ist(5), ist(7), ist(10)]) as srv:
+    """The second read is 08 #2's answered with the object 08 #3 left (80/20)."""
+    script = [guarded(2), ist(10), guarded(3), answered(guarded(2), guarded(3)), ist(10)]
+    with RecordedApiServer(script) as srv:
         subject = router(srv)
-        first = subject.apply(fraud(50, 50))
-        second = subject.apply(fraud(0, 100))  # what #7 holds
+        first = subject.apply(fraud(80, 20))
+        second = subject.apply(fraud(80, 20))
     srv.assert_all_matched()
     assert srv.unused == []
     assert first.changed
@@ -178,9 +259,9 @@ def test_a_refused_virtual_service_takes_back_the_destination_rule_made_for_it()
 
 
 def test_a_refused_patch_leaves_the_route_as_it_was_and_sends_nothing_more():
-    script = [ist(2), ist(10), answered(ist(6), auth(8))]
+    script = [guarded(2), ist(10), answered(guarded(3), auth(8))]
     with RecordedApiServer(script) as srv, pytest.raises(KubeError) as refused:
-        router(srv).apply(fraud(0, 100))
+        router(srv).apply(fraud(80, 20))
     srv.assert_all_matched()
     assert len(srv.received) == 3
     assert refused.value.kind == "forbidden"

@@ -44,7 +44,8 @@ which a readable KubeError (``conflict``) says so. A 409 AlreadyExists on create
 writer made it meanwhile) takes the same path. Each attempt is one write of the whole
 object, accepted or refused as a whole, so a failed apply leaves the route in force as it was.
 A PUT was chosen over the alternatives the API server offers because: a JSON merge patch
-carries no resourceVersion check and replaces the rules list whole anyway; a JSON patch of
+(checked only when it carries the resourceVersion, as the Istio router's do) replaces the
+rules list whole anyway; a JSON patch of
 ``/spec/rules/0/backendRefs/<i>/weight`` addresses backends by position, so a concurrent
 reorder would put weights on the wrong Services unless guarded, and a failed ``test`` op is a
 422 with no cause (indistinguishable from a real refusal); server-side apply with ``force``

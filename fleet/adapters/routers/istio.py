@@ -34,22 +34,27 @@ What Istio expresses, and so what this router supports:
   destination at random for every request; a consistent hash in a DestinationRule only
   chooses a pod inside the destination, so it cannot keep a key on its variant.
 
-Writes, and why: the recorded exchanges with a real API server hold, for VirtualServices and
-DestinationRules, creates (POST), JSON patches of weights and JSON merge patches of the
-``http`` list, and the adapter sends only requests of those shapes. :meth:`IstioRouter.apply`
-reads the VirtualService; a missing one is created (POST, and when the route needs subsets
-the DestinationRule first, so no destination ever names a subset that does not exist); an
-existing one that differs gets one merge patch of the fields that differ (``hosts``,
-``gateways``, the whole ``http`` list: never a weight by its position, so a concurrent reorder
-cannot put weights on the wrong destinations). A merge patch is one atomic write, so a failed
-apply leaves the VirtualService in force as it was; a DestinationRule created for a
-VirtualService that was then refused is deleted again. Subsets are only ever added before the
-VirtualService changes and pruned after it, so the route in force always finds its subsets.
-A VirtualService write carries no resourceVersion (no recorded exchange shows one accepted on
-these CRDs): concurrent changes of one route by Switchyard are serialized by the route claim
-(``rollouts.traffic.routes``), and a hand edit of the ``http`` list is overwritten by the next apply,
-not merged. An AlreadyExists on create (made meanwhile) is re-read and retried, up to
-``max_attempts`` times.
+Writes, and why: :meth:`IstioRouter.apply` reads the VirtualService; a missing one is
+created (POST, and when the route needs subsets the DestinationRule first, so no destination
+ever names a subset that does not exist); an existing one that differs gets one JSON merge
+patch of the fields that differ (``hosts``, ``gateways``, the ``http`` list: never a weight
+by its position, so a concurrent reorder cannot put weights on the wrong destinations).
+Every merge patch of an existing VirtualService or DestinationRule carries the
+``metadata.resourceVersion`` it was computed from: the API server checks it as it checks a
+PUT's, answering 409 Conflict when anyone changed the object since (recorded against a real
+kube-apiserver with Istio 1.22.8's CRDs; without it, a merge patch silently overwrites another
+writer's change). On a 409 the router reads the object again and recomputes the patch, up to
+``max_attempts`` times, after which a readable KubeError (``conflict``) says so; an
+AlreadyExists on create (made meanwhile) takes the same path. A merge patch replaces a list
+whole, so the ``http`` list is rebuilt from the one read: Switchyard sets the HTTP route's
+destinations and mirror and keeps what another writer added to it (``retries``, ``timeout``,
+``headers``, ``corsPolicy``, ``fault``; a route that ``match``es, rewrites, redirects or
+delegates is not in Switchyard's shape and is replaced). Of a DestinationRule it sets the
+host, the load balancer and its subsets' labels, keeping the rest of the traffic policy and
+what another writer added to a subset. A merge patch is one atomic write, so a failed apply
+leaves the VirtualService in force as it was; a DestinationRule created for a VirtualService
+that was then refused is deleted again. Subsets are only ever added before the VirtualService
+changes and pruned after it, so the route in force always finds its subsets.
 
 API version: ``api_version`` (default ``v1``, served by Istio 1.22 and later; ``v1beta1`` for
 older Istio). A cluster without Istio's CRDs answers a KubeError with ``missing_api``.
@@ -91,6 +96,7 @@ from fleet.adapters.routers.kube_common import (
     ServiceRef,
     check_expressible,
     condition,
+    guard,
     is_api_version,
     is_dns_label,
     is_domain,
@@ -109,6 +115,9 @@ LOAD_BALANCER = {"simple": "LEAST_REQUEST"}
 MISSING = "install Istio (1.22 or later for networking.istio.io/v1) or set the router's version"
 API = "an Istio VirtualService"
 OWN_HTTP_KEYS = {"name", "route", "mirror", "mirrorPercentage"}
+#: What another writer may add to the HTTP route without changing which requests reach which
+#: destination: kept by every write, and no reason to read the route as someone else's.
+KEPT_HTTP_KEYS = {"retries", "timeout", "headers", "corsPolicy", "fault"}
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,13 @@ class IstioRouter:
         with self._session() as api:
             for _attempt in range(self.max_attempts):
                 current = api.get(self.api_version, VIRTUAL_SERVICES, self.namespace, route.name)
-                created_rule, prune = self._ensure_rule(api, route.name, rule, current is None)
+                try:
+                    created_rule, prune = self._ensure_rule(api, route.name, rule,
+                                                            current is None)
+                except KubeError as exc:
+                    if exc.kind == "conflict":  # the DestinationRule changed since it was read
+                        continue
+                    raise
                 patch = self.patch_for(current, wanted) if current is not None else None
                 if current is not None and patch is None:
                     notes = self._tidy(api, route.name, rule, prune, current)
@@ -202,17 +217,18 @@ class IstioRouter:
                 except KubeError as exc:
                     if created_rule:
                         self._undo_rule(api, route.name, exc)
-                    if exc.kind == "conflict" and current is None:
-                        continue  # another writer created it meanwhile: read it again
+                    if exc.kind == "conflict":  # made, or changed, since it was read: again
+                        continue
                     raise
                 notes = self._tidy(api, route.name, rule, prune, current)
                 verb = "created" if current is None else "updated"
                 return ApplyResult(True, True, self._describe(written, verb, notes),
                                    self._url_of(written))
         raise KubeError(
-            f"VirtualService {self.namespace}/{route.name} was created by another writer on each "
-            f"of {self.max_attempts} attempts; nothing of this change was written: try again",
-            kind="conflict", status=409, reason="AlreadyExists",
+            f"VirtualService {self.namespace}/{route.name} changed under Switchyard on each of "
+            f"{self.max_attempts} attempts (409 Conflict); nothing of this change was written: "
+            "try again",
+            kind="conflict", status=409, reason="Conflict",
         )
 
     def remove(self, name: str) -> bool:
@@ -355,19 +371,24 @@ class IstioRouter:
     @staticmethod
     def patch_for(current: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any] | None:
         """The merge patch that makes ``current``'s fields Switchyard owns ``wanted``'s (None
-        when they already are); ``http`` is replaced whole, as merge patches replace lists;
-        ``hosts`` are kept."""
+        when they already are), carrying ``current``'s resourceVersion so the API server
+        refuses it (409) if the object changed since. ``http`` is sent whole, as merge patches
+        replace lists, with what another writer added to the HTTP route kept (see the module
+        docstring); ``hosts`` are kept."""
         have = current.get("spec") or {}
-        want = wanted["spec"]
+        want = copy.deepcopy(wanted["spec"])
         spec: dict[str, Any] = {}
         # A route's URL stays what it was made with (clients hold it): hosts are only set
         # where there are none, so a change of the cluster's route domain applies to new routes.
         if not have.get("hosts"):
             spec["hosts"] = want["hosts"]
+        want["http"] = [_keeping(have.get("http"), want["http"][0])]
         for key in ("gateways", "http"):
             if (have.get(key) or None) != (want.get(key) or None):
                 spec[key] = want.get(key)
-        return {"spec": spec} if spec else None
+        if not spec:
+            return None
+        return {**guard(current), "spec": spec}
 
     def spec_of(self, obj: dict[str, Any]) -> RouteSpec:
         """The split a VirtualService holds, as a RouteSpec (see the module docstring)."""
@@ -377,7 +398,7 @@ class IstioRouter:
         http = spec.get("http") or []
         if len(http) != 1 or (spec.get("tcp") or spec.get("tls")):
             raise _foreign(where, f"{len(http)} HTTP routes, not one")
-        extra = sorted(set(http[0]) - OWN_HTTP_KEYS)
+        extra = sorted(set(http[0]) - OWN_HTTP_KEYS - KEPT_HTTP_KEYS)
         if extra:
             raise _foreign(where, f"its HTTP route has {', '.join(extra)}")
         routes = http[0].get("route") or []
@@ -431,7 +452,8 @@ class IstioRouter:
             return True, False
         patch = rule_patch(current, rule, keep=True)
         if patch is not None:
-            api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name, patch)
+            current = api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name,
+                                      patch)
         return False, rule_patch(current, rule, keep=False) is not None
 
     def _tidy(self, api: CustomObjects, name: str, rule: dict[str, Any] | None, prune: bool,
@@ -441,16 +463,31 @@ class IstioRouter:
         nothing: it is reported in the message, not raised."""
         try:
             if rule is not None and prune:
-                spec = rule["spec"]
-                api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name,
-                                {"spec": {"subsets": spec["subsets"]}})
-                return "unused subsets removed"
+                return self._prune(api, name, rule)
             if rule is None and before is not None and _uses_subsets(before):
                 api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
                 return "DestinationRule no longer needed, deleted"
         except KubeError as exc:
             return f"unused subsets left in DestinationRule {self.namespace}/{name}: {exc.message}"
         return ""
+
+    def _prune(self, api: CustomObjects, name: str, rule: dict[str, Any]) -> str:
+        """Drop the subsets the route no longer names, by a guarded merge patch (read again
+        and retried on a 409)."""
+        for _attempt in range(self.max_attempts):
+            current = api.get(self.api_version, DESTINATION_RULES, self.namespace, name)
+            patch = None if current is None else rule_patch(current, rule, keep=False)
+            if patch is None:
+                return ""
+            try:
+                api.merge_patch(self.api_version, DESTINATION_RULES, self.namespace, name, patch)
+            except KubeError as exc:
+                if exc.kind == "conflict":
+                    continue
+                raise
+            return "unused subsets removed"
+        return (f"unused subsets left in DestinationRule {self.namespace}/{name}: it changed "
+                f"under Switchyard on each of {self.max_attempts} attempts")
 
     def _undo_rule(self, api: CustomObjects, name: str, cause: KubeError) -> None:
         """Delete the DestinationRule created for a VirtualService that was refused."""
@@ -485,17 +522,40 @@ class IstioRouter:
 
 
 def rule_patch(current: dict[str, Any], wanted: dict[str, Any], *, keep: bool) -> dict[str, Any] | None:
-    """The merge patch that gives ``current`` the host, traffic policy and subsets of
-    ``wanted`` (with ``keep``, the subsets ``current`` has beyond them too), or None."""
+    """The merge patch that gives ``current`` the host, load balancer and subsets of
+    ``wanted`` (with ``keep``, the subsets ``current`` has beyond them too), or None; it
+    carries ``current``'s resourceVersion (409 if the rule changed since). The rest of the
+    traffic policy, and what another writer added to a subset (its own traffic policy), are
+    kept."""
     have = current.get("spec") or {}
     want = copy.deepcopy(wanted["spec"])
-    if keep and have.get("host") == want["host"]:
+    had = {s.get("name"): s for s in have.get("subsets") or [] if isinstance(s, dict)}
+    same_host = have.get("host") == want["host"]
+    if same_host:
+        want["subsets"] = [{**had.get(s["name"], {}), **s} for s in want["subsets"]]
+    if keep and same_host:
         names = {s["name"] for s in want["subsets"]}
-        want["subsets"] += [s for s in have.get("subsets") or []
-                            if isinstance(s, dict) and s.get("name") not in names]
-    spec = {key: want[key] for key in ("host", "trafficPolicy", "subsets")
-            if have.get(key) != want[key]}
-    return {"spec": spec} if spec else None
+        want["subsets"] += [s for name, s in had.items() if name not in names]
+    spec: dict[str, Any] = {}
+    for key in ("host", "subsets"):
+        if have.get(key) != want[key]:
+            spec[key] = want[key]
+    balancer = want["trafficPolicy"]["loadBalancer"]
+    if ((have.get("trafficPolicy") or {}).get("loadBalancer")) != balancer:
+        spec["trafficPolicy"] = {"loadBalancer": balancer}  # merged: the rest stays
+    return {**guard(current), "spec": spec} if spec else None
+
+
+def _keeping(http: Any, route: dict[str, Any]) -> dict[str, Any]:
+    """``route`` with what another writer added to the HTTP route in force (KEPT_HTTP_KEYS)."""
+    if not (isinstance(http, list) and len(http) == 1 and isinstance(http[0], dict)):
+        return route
+    have = http[0]
+    if have.get("name") != HTTP_ROUTE or set(have) - OWN_HTTP_KEYS - KEPT_HTTP_KEYS:
+        return route
+    kept = {key: value for key, value in have.items() if key in KEPT_HTTP_KEYS}
+    return {"name": route["name"], **kept,
+            **{key: value for key, value in route.items() if key != "name"}}
 
 
 def route_problem(obj: dict[str, Any]) -> str:

@@ -212,6 +212,13 @@ def condition(conditions: Any, kind: str) -> dict[str, Any] | None:
     return None
 
 
+def guard(current: dict[str, Any]) -> dict[str, Any]:
+    """The part of a JSON merge patch that makes the API server refuse it (409 Conflict, as
+    for a PUT) unless the object is still the one read: ``current``'s resourceVersion."""
+    version = (current.get("metadata") or {}).get("resourceVersion")
+    return {"metadata": {"resourceVersion": version}} if version else {}
+
+
 # --------------------------------------------------------------------------------------------
 # The API
 # --------------------------------------------------------------------------------------------
