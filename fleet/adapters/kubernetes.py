@@ -70,7 +70,9 @@ class KubeError(AdapterError):
     exists), ``gone`` (410: expired resourceVersion or continue token), ``invalid`` (422,
     with ``causes`` naming the fields), ``unsupported`` (415), ``bad_request`` (400),
     ``server`` (5xx), ``unreachable`` (no connection, timeout), ``tls`` (certificate
-    refused) or ``config`` (the access details themselves are unusable).
+    refused), ``config`` (the access details themselves are unusable) or ``not_kubernetes``
+    (what answered is not a Kubernetes API server: a redirect, an HTML page, a 404 that is
+    neither a Status nor the API server's own ``404 page not found``).
     """
 
     def __init__(
@@ -104,8 +106,16 @@ _KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_f
           409: "conflict", 410: "gone", 415: "unsupported", 422: "invalid"}
 
 
-def error_from(exc: BaseException, what: str = "") -> KubeError:
-    """The readable KubeError for a failure of the client (``what``: the call, for messages)."""
+#: What a kube-apiserver answers, as text/plain, for a path it does not serve (an API group,
+#: version or resource that is not installed). Every other error it answers is a JSON Status.
+PAGE_NOT_FOUND = "404 page not found"
+#: Paths every kube-apiserver serves: a 404 there is never a missing API.
+_SERVED_ALWAYS = ("GET /version", "GET /readyz", "GET /livez", "GET /healthz")
+
+
+def error_from(exc: BaseException, what: str = "", url: str = "") -> KubeError:
+    """The readable KubeError for a failure of the client (``what``: the call, and ``url``:
+    the API server's address, for messages)."""
     prefix = f"{what}: " if what else ""
     if isinstance(exc, KubeError):
         return exc
@@ -120,7 +130,14 @@ def error_from(exc: BaseException, what: str = "") -> KubeError:
         causes = (body.get("details") or {}).get("causes") or []
         kind = _KINDS.get(status, "server" if status >= 500 else "bad_request")
         # An unknown group, resource or version answers a plain-text 404, not a Status.
-        missing_api = status == 404 and not body
+        missing_api = status == 404 and not body and _page_not_found(exc)
+        foreign = _not_kubernetes(exc, body, what)
+        if foreign:
+            return KubeError(
+                prefix + f"{url or 'the address'} is not a Kubernetes API server: {foreign}; "
+                "check the cluster's API server URL",
+                kind="not_kubernetes", status=status,
+            )
         if kind == "unauthorized":
             text = "the API server refused the credentials (401 Unauthorized): check the token"
         elif kind == "forbidden":
@@ -143,8 +160,39 @@ def error_from(exc: BaseException, what: str = "") -> KubeError:
         return KubeError(prefix + f"unusable connection settings: {exc}", kind="config")
     if isinstance(exc, pydantic.ValidationError):
         # A 2xx answer the client cannot read as the API object: not a Kubernetes API server.
-        return KubeError(prefix + NOT_KUBERNETES, kind="server")
+        return KubeError(prefix + NOT_KUBERNETES, kind="not_kubernetes")
     raise exc
+
+
+def _content_type(exc: ApiException) -> str:
+    headers = exc.headers or {}
+    return str(headers.get("Content-Type") or "").split(";")[0].strip().lower()
+
+
+def _page_not_found(exc: ApiException) -> bool:
+    return (_content_type(exc) == "text/plain"
+            and (exc.body or "").strip() == PAGE_NOT_FOUND)
+
+
+def _not_kubernetes(exc: ApiException, body: dict[str, Any], what: str) -> str:
+    """What shows that the answer to ``what`` did not come from a kube-apiserver ("" when
+    nothing does): it never redirects, never answers HTML, and answers a 404 with a JSON
+    Status or, on an API path, its plain ``404 page not found``."""
+    status = exc.status or 0
+    content_type = _content_type(exc) or "no content type"
+    if 300 <= status < 400:
+        location = (exc.headers or {}).get("Location") or "nowhere"
+        return f"it answered {status} {exc.reason or ''} redirecting to {location}".replace(
+            "  ", " ")
+    if body.get("kind") == "Status":
+        return ""
+    text = " ".join((exc.body or "").split())[:120]
+    answered = f"it answered {status} {content_type}" + (f" ({text!r})" if text else "")
+    if content_type == "text/html":
+        return answered
+    if status == 404 and not (_page_not_found(exc) and not what.startswith(_SERVED_ALWAYS)):
+        return answered
+    return ""
 
 
 #: What a 2xx answer that is not the expected Kubernetes object means, nearly always.
@@ -190,7 +238,13 @@ def call(fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
         ApiException, urllib3.exceptions.HTTPError, OSError, ConfigException,
         pydantic.ValidationError,
     ) as exc:
-        raise error_from(exc, what) from exc
+        raise error_from(exc, what, _host_of(fn)) from exc
+
+
+def _host_of(fn: Callable[..., Any]) -> str:
+    """The API server ``fn`` (a method of one of the client's API classes) calls, or ""."""
+    api = getattr(getattr(fn, "__self__", None), "api_client", None)
+    return str(getattr(getattr(api, "configuration", None), "host", "") or "")
 
 
 @contextlib.contextmanager
@@ -299,5 +353,5 @@ def check_connection(access: KubeAccess) -> ConnectionCheck:
     except ValueError:
         listed = None
     if not isinstance(listed, dict) or listed.get("kind") != "NodeList":
-        raise KubeError(f"GET /api/v1/nodes: {NOT_KUBERNETES}", kind="server")
+        raise KubeError(f"GET /api/v1/nodes: {NOT_KUBERNETES}", kind="not_kubernetes")
     return ConnectionCheck(server_version=info.git_version, nodes=len(listed.get("items") or []))

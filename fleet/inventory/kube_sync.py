@@ -54,7 +54,7 @@ KEEP_SYNCS = 50
 GONE_RETENTION = timedelta(days=1)
 DEFAULT_RELIST_INTERVAL_S = 60.0
 # Failures that say the cluster cannot be used at all: nothing else is tried in that sync.
-FATAL = ("unauthorized", "unreachable", "tls", "config")
+FATAL = ("unauthorized", "unreachable", "tls", "config", "not_kubernetes")
 
 
 def relist_interval_s() -> float:
