@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.db import transaction
@@ -30,7 +31,7 @@ from fleet.api.base import (
 from fleet.api.filters import AuditEventFilter, InferenceServerFilter
 from fleet.api.refs import IdOrNameFilter, NodeFilter
 from fleet.audit import export as audit_export
-from fleet.inventory import health, kube_connection
+from fleet.inventory import health, kube_connection, routers
 from fleet.models import (
     GPU,
     APIToken,
@@ -236,6 +237,16 @@ class ClusterViewSet(AuditedFleetViewSet):
     serializer_class = inv.ClusterSerializer
     filterset_fields = ["kind", "name"]
     audit_hidden = {"kube_secret_encrypted": "kube_secret"}
+
+    def perform_update(self, serializer: BaseSerializer) -> None:
+        """A change of a Kubernetes cluster's router hands its routes over first
+        (``fleet.inventory.routers.save_router_change``): refused, nothing is saved."""
+        before = serializer.instance
+        after = copy.copy(before)
+        for name, value in serializer.validated_data.items():
+            setattr(after, name, value)
+        routers.save_router_change(before, after, lambda: super(ClusterViewSet, self)
+                                   .perform_update(serializer))
 
     @extend_schema(request=None, responses=inv.ConnectionResultSerializer)
     @action(detail=True, methods=["post"], url_path="test-connection",

@@ -9,7 +9,7 @@ from django import forms
 
 from console.exceptions import DomainError
 from fleet import audit
-from fleet.inventory import kube_connection
+from fleet.inventory import kube_connection, routers
 from fleet.models import Cluster
 
 #: What the console's cluster form edits: the fields the API writes.
@@ -110,6 +110,12 @@ class ClusterForm(forms.ModelForm):
                 self.add_error("kube_kubeconfig", message)
 
     def save(self, commit: bool = True) -> Cluster:
+        """Save (a change of the router hands the cluster's routes over first: see
+        ``fleet.inventory.routers.save_router_change``) and record the change."""
+        before = None if self.creating else Cluster.objects.get(pk=self.instance.pk)
+        return routers.save_router_change(before, self.instance, lambda: self._save(commit))
+
+    def _save(self, commit: bool) -> Cluster:
         cluster = super().save(commit=commit)
         fields = CLUSTER_FIELDS if self.creating else [
             f for f in CLUSTER_FIELDS if f in self.changed_data]

@@ -19,6 +19,13 @@
 :func:`has_router` says which clusters have one without building it (a Kubernetes router
 reaches the cluster's API); :func:`routed_clusters` says the same as a query filter.
 
+A change of a Kubernetes cluster's router (``kube_router`` or ``kube_namespace``) moves the
+routes: :func:`save_router_change` sends :data:`router_changing` before the row is saved (a
+receiver, ``rollouts.traffic.handover``, writes each route on the new router and reads it back,
+or refuses the change with a DomainError) and runs what the receivers returned once it is saved
+(deleting the old router's objects). :func:`leftover_routers` are the routers of the other
+kinds, to delete what they wrote for a route.
+
 The nginx routers send each request's JSON sample as a UDP syslog message to the collector at
 ``SWITCHYARD_COLLECTOR_HOST:SWITCHYARD_COLLECTOR_PORT``; a Kubernetes gateway's access log is
 its own (see the routers' documentation).
@@ -27,10 +34,13 @@ its own (see the routers' documentation).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from django.conf import settings
 from django.db.models import Q
+from django.dispatch import Signal
 
 from console.exceptions import DomainError
 from fleet.adapters.routers import nginx_paths
@@ -40,6 +50,15 @@ from fleet.adapters.routers.istio import IstioRouter
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
 from fleet.inventory import kube_connection
 from fleet.models import Cluster
+
+T = TypeVar("T")
+
+#: Sent (``sender=Cluster``) with ``before`` (the cluster as saved) and ``after`` (as it is about
+#: to be saved) when a Kubernetes cluster's router or routes' namespace changes. A receiver may
+#: refuse the change by raising a DomainError, and may return a callable run once it is saved.
+router_changing = Signal()
+#: The settings whose change moves a cluster's routes to other objects.
+ROUTER_SETTINGS = ("kube_router", "kube_namespace")
 
 
 def _access_log() -> list[str]:
@@ -131,3 +150,43 @@ def _kube_router(cluster: Cluster) -> TrafficRouter:
             gateway=cluster.kube_gateway,
         )
     raise ValueError(f"unknown Kubernetes router {cluster.kube_router!r}")
+
+
+def router_changed(before: Cluster | None, after: Cluster) -> bool:
+    """Whether saving ``after`` over ``before`` moves a Kubernetes cluster's routes."""
+    return (before is not None and before.is_kubernetes and before.pk == after.pk
+            and any(getattr(before, f) != getattr(after, f) for f in ROUTER_SETTINGS))
+
+
+def save_router_change(before: Cluster | None, after: Cluster, save: Callable[[], T]) -> T:
+    """``save()`` the cluster ``after``; when that changes its router (:func:`router_changed`),
+    the receivers of :data:`router_changing` hand its routes over first (a DomainError from
+    one refuses the change: nothing is saved), and what they returned runs once it is saved."""
+    if not router_changed(before, after):
+        return save()
+    answers = router_changing.send(sender=Cluster, before=before, after=after)
+    saved = save()
+    for _receiver, finish in answers:
+        if callable(finish):
+            finish()
+    return saved
+
+
+def leftover_routers(cluster: Cluster) -> list[TrafficRouter]:
+    """Routers of the Kubernetes router kinds ``cluster`` does not use now, in its namespace,
+    built only to delete what they wrote for a route before a switch (their gateway and
+    domain are placeholders: removing a route uses neither). Empty for other clusters."""
+    if not cluster.is_kubernetes:
+        return []
+    try:
+        access = kube_connection.access_for(cluster)
+    except DomainError:
+        return []
+    namespace = cluster.kube_namespace
+    found: list[TrafficRouter] = []
+    if cluster.kube_router != Cluster.KubeRouter.GATEWAY_API:
+        found.append(GatewayApiRouter(access, namespace=namespace, gateway=f"{namespace}/unused",
+                                      route_domain="invalid"))
+    if cluster.kube_router != Cluster.KubeRouter.ISTIO:
+        found.append(IstioRouter(access, namespace=namespace, route_domain="invalid"))
+    return found

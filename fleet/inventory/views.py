@@ -292,10 +292,14 @@ def _cluster_form(request: HttpRequest, cluster: Cluster | None) -> HttpResponse
     if request.method == "POST":
         form = ClusterForm(request.POST, instance=instance, actor=request.user)
         if form.is_valid():
-            saved = form.save()
-            done = "added" if cluster is None else "saved"
-            messages.success(request, f"Cluster {saved.name} {done}.")
-            return redirect("fleet:cluster", pk=saved.pk)
+            try:
+                saved = form.save()
+            except DomainError as exc:  # a router change whose routes could not move
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                done = "added" if cluster is None else "saved"
+                messages.success(request, f"Cluster {saved.name} {done}.")
+                return redirect("fleet:cluster", pk=saved.pk)
         status = 400
     else:
         form = ClusterForm(instance=instance, actor=request.user)

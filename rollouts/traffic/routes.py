@@ -21,7 +21,10 @@ a deployer changes it by hand.
 
 :func:`remove_route` takes a route off the router (its URL stops answering) and keeps the row,
 ``removed``, with its history: that is how a deployment is retired (remove the route, unload
-its versions, delete it), since the version that carries the traffic cannot be unloaded.
+its versions, delete it), since the version that carries the traffic cannot be unloaded. On a
+Kubernetes cluster it deletes what every router kind wrote for the route (an HTTPRoute left
+from before a switch to Istio, say), not only the current router's objects. A change of a
+cluster's router hands its routes over: ``rollouts.traffic.handover``.
 
 Two changes of one route never interleave: a change claims the route (``claimed_until``) for
 as long as the router takes, and :func:`check_unload` refuses to unload a version that carries
@@ -49,7 +52,7 @@ from fleet.adapters.routers.base import (
     RouteSpecError,
     TrafficRouter,
 )
-from fleet.inventory.routers import routed_clusters, router_for
+from fleet.inventory.routers import leftover_routers, routed_clusters, router_for
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
 from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Route, RouteRevision
@@ -154,7 +157,7 @@ def _set_route(
     if Deployment.objects.filter(pk=deployment.pk, archived_at__isnull=False).exists():
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
     router = router_of(deployment)
-    route, created = _claim(deployment)
+    route, created = claim_route(deployment)
     try:
         # What is ready is read under the claim: an unload asked for now is refused
         # (check_unload), so the versions routed to stay loaded while the change is applied.
@@ -178,7 +181,7 @@ def _set_route(
         route.claimed_until = None
 
 
-def _claim(deployment: Deployment) -> tuple[Route, bool]:
+def claim_route(deployment: Deployment) -> tuple[Route, bool]:
     """The deployment's route (made when it has none), held for one change; a Conflict when
     another change holds it."""
     route, created = Route.objects.get_or_create(
@@ -317,10 +320,14 @@ def remove_route(actor: Any, deployment: Deployment, reason: str = "") -> Route:
     if route.state == Route.State.REMOVED:
         return route
     router = router_of(deployment)
-    route, _created = _claim(deployment)
+    route, _created = claim_route(deployment)
     before = in_force(route)
     try:
         try:
+            # What a router this cluster used before wrote for the route goes first, so a
+            # refusal there leaves the route in force as it was.
+            for other in leftover_routers(deployment.cluster):
+                remove_leftover(other, route.name)
             existed = router.remove(route.name)
         except (AdapterError, OSError) as exc:
             message = exc.message if isinstance(exc, AdapterError) else f"{type(exc).__name__}: {exc}"
@@ -362,6 +369,17 @@ def remove_route(actor: Any, deployment: Deployment, reason: str = "") -> Route:
     finally:
         Route.objects.filter(pk=route.pk).update(claimed_until=None)
         route.claimed_until = None
+
+
+def remove_leftover(router: TrafficRouter, name: str) -> bool:
+    """Delete what ``router`` (one the cluster does not use now) holds of the route ``name``;
+    a cluster without that router's API (its CRDs not installed) holds nothing."""
+    try:
+        return router.remove(name)
+    except AdapterError as exc:
+        if getattr(exc, "missing_api", False):
+            return False
+        raise
 
 
 # --------------------------------------------------------------------------------------------
