@@ -511,6 +511,13 @@ SWITCHYARD_KUBE_PAGE_SIZE = env_int("SWITCHYARD_KUBE_PAGE_SIZE", 500, minimum=0)
 SWITCHYARD_KUBE_ROLLOUT_DEADLINE_S = env_float(
     "SWITCHYARD_KUBE_ROLLOUT_DEADLINE_S", 600.0, minimum=5.0
 )
+# An API server that has just started answers 403 to every call for a moment (its RBAC caches
+# are not filled yet), exactly as it answers a real denial: a workload's calls refused (403) are
+# tried again, backing off, and the refusal is taken as final only after this many seconds of
+# them in a row (rollouts/workloads/reconciler.py). 0: at once.
+SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = env_float(
+    "SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S", 30.0, minimum=0.0
+)
 SWITCHYARD_TRITON_IMAGE = env_str("SWITCHYARD_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.08-py3")
 SWITCHYARD_VLLM_IMAGE = env_str("SWITCHYARD_VLLM_IMAGE", "vllm/vllm-openai:v0.6.3")
 # The vLLM flags a version's vllm.args label may pass to a server Switchyard runs on Kubernetes:

@@ -130,6 +130,12 @@ class ServerWorkload(LeasedJob):
         null=True, blank=True, help_text="When waiting for the new pods gives up"
     )
     attempts = models.PositiveIntegerField(default=0, help_text="Transient failures in a row")
+    forbidden_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Since when the API server has refused (403) every call of this workload: "
+                  "one that has just started refuses for a moment, so a refusal counts as "
+                  "final only after SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S of them in a row",
+    )
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -41,7 +42,7 @@ from fleet.quota import admission as quota
 from rollouts import leases
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.workloads.checks import range_words
-from rollouts.workloads.specs import autoscaler_manifest, demand, held_text, server_spec
+from rollouts.workloads.specs import autoscaler_manifest, demand, server_spec
 
 log = logging.getLogger(__name__)
 State = ServerWorkload.State
@@ -104,7 +105,7 @@ def _update(workload: ServerWorkload, **fields: Any) -> None:
 
 def _move(workload: ServerWorkload, to: str, detail: str, **fields: Any) -> None:
     _update(workload, state=to, detail=detail, phase_started_at=timezone.now(), attempts=0,
-            next_attempt_at=None, **fields)
+            next_attempt_at=None, forbidden_since=None, **fields)
 
 
 def _access(workload: ServerWorkload) -> KubeAccess:
@@ -134,7 +135,7 @@ def _apply(workload: ServerWorkload) -> None:
         try:
             applied = kw.apply(access, desired)
         except KubeError as exc:
-            if creating and exc.permanent:
+            if creating and exc.permanent and not _may_be_passing(workload, exc):
                 # Server-side apply is all or nothing: the refused Deployment was not made.
                 _fail_creation(workload, f"the Deployment was refused: {exc.message}",
                                created=False)
@@ -144,7 +145,7 @@ def _apply(workload: ServerWorkload) -> None:
             try:
                 kw.apply(access, kw.service_manifest(spec))
             except KubeError as exc:
-                if not exc.permanent:
+                if not exc.permanent or _may_be_passing(workload, exc):
                     raise  # the next attempt applies both again
                 _fail_creation(workload, f"the Service was refused: {exc.message}",
                                autoscaler=False)  # applied after the Service
@@ -154,7 +155,7 @@ def _apply(workload: ServerWorkload) -> None:
             try:
                 kw.apply(access, autoscaler_manifest(workload))
             except KubeError as exc:
-                if not (creating and exc.permanent):
+                if not (creating and exc.permanent) or _may_be_passing(workload, exc):
                     raise  # a change that cannot apply it rolls back
                 # Refused, so not made (server-side apply is all or nothing): the Deployment
                 # and the Service go; there is no HPA to delete (nor, without RBAC for
@@ -188,7 +189,7 @@ def _watch(workload: ServerWorkload) -> None:
                            f"{judged.detail}", observed=judged.observed)
         return
     _update(workload, generation=generation, detail=judged.detail, error="", attempts=0,
-            next_attempt_at=timezone.now() + timedelta(seconds=POLL_S),
+            forbidden_since=None, next_attempt_at=timezone.now() + timedelta(seconds=POLL_S),
             **_counts(workload, judged))
 
 
@@ -237,7 +238,7 @@ def _observe(workload: ServerWorkload) -> None:
                 detail=f"autoscaled by its HPA; the Deployment could not be read: {reason}")
         return
     _update(workload, detail=f"autoscaled by its HPA: {judged.detail}", error="",
-            next_attempt_at=again, **_counts(workload, judged))
+            forbidden_since=None, next_attempt_at=again, **_counts(workload, judged))
 
 
 def _record_served(workload: ServerWorkload) -> None:
@@ -279,29 +280,28 @@ def _give_up(workload: ServerWorkload, reason: str, **fields: Any) -> None:
         audit.record(None, "workload_failed", workload, tenant=workload.tenant, reason=reason)
         return
     if workload.state == State.DELETING:
-        _move(workload, State.FAILED, f"could not delete: {reason}; its quota stays held until "
-                                      "it is deleted", error=reason, **fields)
-        audit.record(None, "workload_failed", workload, tenant=workload.tenant, reason=reason)
+        # Never failed: what is still on the cluster holds its GPUs, so the workload keeps
+        # its quota, says why, and deletes again until it is gone.
+        _update(workload, attempts=workload.attempts + 1, error=reason,
+                detail=f"could not delete: {reason}; its quota stays held until it is gone "
+                       f"(tried again every {MAX_BACKOFF_S} s)",
+                next_attempt_at=timezone.now() + timedelta(seconds=MAX_BACKOFF_S), **fields)
         return
     if workload.previous_spec:
         _move(workload, State.ROLLING_BACK, f"rolling back: {reason}", error=reason, **fields)
         return
-    if workload.state in (State.PENDING, State.APPLYING):
-        _fail_creation(workload, reason, **fields)
-        return
-    placement = workload.placement
-    holds = f"; it holds {held_text(placement.units, placement.device_class)}" if placement else ""
-    _move(workload, State.FAILED,
-          f"{reason}. The Deployment stays for you to look into (kubectl describe){holds} "
-          "until the workload is deleted", error=reason, deadline_at=None, **fields)
-    audit.record(None, "workload_failed", workload, tenant=workload.tenant, reason=reason)
+    # A creation (pending, applying, or waiting for pods that never came up): what it
+    # applied is removed and its quota released.
+    _fail_creation(workload, reason, **fields)
 
 
 def _fail_creation(workload: ServerWorkload, reason: str, *, created: bool | None = None,
                    autoscaler: bool | None = None, **fields: Any) -> None:
     """A creation that failed before its pods ran: remove what may have been applied (not
     the Deployment when ``created`` is False, not the HPA when ``autoscaler`` is), then
-    release the quota; when removing fails, the quota stays held and the row says so."""
+    release the quota and end ``failed`` with nothing applied (``applied_spec`` empty: it can
+    be created again). When removing fails, the workload is not failed but ``deleting``: it
+    keeps its quota (what was applied may run) and removes it again until it is gone."""
     left = ""
     if created is not False:
         try:
@@ -314,13 +314,14 @@ def _fail_creation(workload: ServerWorkload, reason: str, *, created: bool | Non
             left = exc.message
     with transaction.atomic():
         if left:
-            _move(workload, State.FAILED,
-                  f"{reason}. What was applied could not be removed ({left}): its quota stays "
-                  "held; delete the workload to try again", error=reason, deadline_at=None,
-                  **fields)
+            _move(workload, State.DELETING,
+                  f"{reason}. What was applied could not be removed yet ({left}): removing it "
+                  "again; its quota stays held until it is gone", error=reason,
+                  deadline_at=None, **fields)
         else:
             _move(workload, State.FAILED, f"{reason}. Nothing is left on the cluster; quota "
-                                          "released", error=reason, deadline_at=None, **fields)
+                                          "released", error=reason, deadline_at=None,
+                  applied_spec={}, **fields)
             quota.release(workload.placement)
         audit.record(None, "workload_failed", workload, tenant=workload.tenant, reason=reason)
 
@@ -429,12 +430,49 @@ def _retry(workload: ServerWorkload, exc: KubeError) -> None:
             next_attempt_at=now + timedelta(seconds=delay))
 
 
+def _refused_for(workload: ServerWorkload) -> float:
+    """Seconds the API server has refused this workload's calls in a row (0: not now)."""
+    since = workload.forbidden_since
+    return (timezone.now() - since).total_seconds() if since else 0.0
+
+
+def _may_be_passing(workload: ServerWorkload, exc: KubeError) -> bool:
+    """Whether ``exc`` is a refusal (403) that may still be an API server starting up:
+    :func:`_refused` tries it again."""
+    return (exc.kind == "forbidden"
+            and _refused_for(workload) < settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S)
+
+
+def _refused(workload: ServerWorkload, exc: KubeError) -> None:
+    """A 403. An API server that has just started answers 403 to every call for a moment
+    (0.02-0.13 s, while its ``/readyz`` is not ready yet), with a Status no different from a
+    real RBAC denial. So a refusal is said on the row, the workload stays where it is and the
+    step is tried again, backing off; only once its calls have been refused for
+    ``SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S`` in a row (a success in between starts over) is
+    the refusal final (:func:`_give_up`)."""
+    now = timezone.now()
+    window = settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S
+    refused_s = _refused_for(workload)
+    if not _may_be_passing(workload, exc):
+        _give_up(workload, f"{exc.message} (refused for {refused_s:.0f} s in a row)"
+                 if window else exc.message)
+        return
+    attempts = workload.attempts + 1
+    delay = max(1, min(2**attempts, MAX_BACKOFF_S, math.ceil(window - refused_s)))
+    _update(workload, attempts=attempts, error=exc.message,
+            forbidden_since=workload.forbidden_since or now,
+            detail=f"{exc.message}; an API server that has just started refuses everything "
+                   f"for a moment: trying again in {delay} s (the refusal is final once it "
+                   f"has lasted {window:g} s)",
+            next_attempt_at=now + timedelta(seconds=delay))
+
+
 def advance(workload_id: int) -> str | None:
     """Do at most one step of a workload; the state it left, or None when nothing was done.
 
-    A transient API failure is retried (see :func:`_retry`); a permanent one, or an
-    unexpected error (a bug: it is logged with its traceback), ends the change as
-    :func:`_give_up` says. A database error propagates: the lease runs out and the next
+    A transient API failure is retried (see :func:`_retry`), a refusal (403) too for a
+    while (:func:`_refused`); a permanent one, or an unexpected error (a bug: it is logged
+    with its traceback), ends the change as :func:`_give_up` says. A database error propagates: the lease runs out and the next
     tick repeats the step.
     """
     workload = _claim(workload_id)
@@ -447,7 +485,9 @@ def advance(workload_id: int) -> str | None:
         except (leases.LostLease, DatabaseError):
             raise
         except KubeError as exc:
-            if exc.permanent:
+            if exc.kind == "forbidden":
+                _refused(workload, exc)
+            elif exc.permanent:
                 _give_up(workload, exc.message)
             else:
                 _retry(workload, exc)

@@ -33,11 +33,12 @@ ProgressDeadlineExceeded, ``rolling_back`` re-applies the manifest that was in f
 removes both objects and releases the quota.
 
 Failures of the API (``KubeError``): transient ones (unreachable, 5xx, 409 on a stale write)
-are retried, backing off, until the change's deadline; permanent ones (401, 403, 422, a
-missing object) end the change at once. Either way the reason is on the row (``error``,
-``detail``), never a 500, and nothing is left half-applied: a creation that fails removes
-what it applied and releases the quota (or says why it could not); a change that fails rolls
-back.
+are retried, backing off, until the change's deadline; a refusal (403) is retried too until it
+has lasted ``SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S`` (an API server that has just started refuses
+everything for a moment); permanent ones (401, 422, a missing object) end the change at once.
+Either way the reason is on the row (``error``, ``detail``), never a 500, and nothing is left
+half-applied: a creation that fails removes what it applied and releases the quota (until it
+could remove it, it stays ``deleting``, holding the quota); a change that fails rolls back.
 """
 
 from __future__ import annotations

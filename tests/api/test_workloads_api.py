@@ -214,8 +214,9 @@ def test_anonymous_callers_get_401(api, fraud):
 
 
 def test_a_failure_on_the_cluster_reads_as_state_and_error_never_a_500(
-    client_for, dave, fraud, fake_kube
+    client_for, dave, fraud, fake_kube, settings
 ):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     client = client_for(dave)
     created = client.post(URL, triton_body()).json()
     fake_kube.fail("apply-Deployment", KubeError(

@@ -535,7 +535,9 @@ def test_a_ready_workload_of_a_fixed_count_is_not_read_again(fraud, dave, hpa_ku
     assert workload_reconciler.advance(workload.pk) is None
 
 
-def test_a_refused_hpa_ends_the_creation_and_takes_everything_away(fraud, dave, hpa_kube):
+def test_a_refused_hpa_ends_the_creation_and_takes_everything_away(fraud, dave, hpa_kube,
+                                                                   settings):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     deployment, (v1, _v2) = fraud
     workload, _ = create(deployment, v1, dave)
     hpa_kube.fail("apply-HorizontalPodAutoscaler", KubeError(

@@ -344,7 +344,9 @@ def test_a_refused_deployment_leaves_nothing_and_releases_the_quota(fraud, dave,
     assert workload_reconciler.advance(workload.pk) is None
 
 
-def test_a_refused_service_takes_the_applied_deployment_away_again(fraud, dave, fake_kube):
+def test_a_refused_service_takes_the_applied_deployment_away_again(fraud, dave, fake_kube,
+                                                                   settings):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     deployment, (v1, _v2) = fraud
     workload, _ = create(deployment, v1, dave)
     fake_kube.fail("apply-Service", KubeError("forbidden by RBAC (403): services is forbidden",
@@ -360,9 +362,10 @@ def test_a_refused_service_takes_the_applied_deployment_away_again(fraud, dave, 
     assert held(workload) == [(1, 2, 40960, "released")]
 
 
-def test_when_the_cleanup_fails_too_the_quota_stays_held_and_the_row_says_why(
-    fraud, dave, fake_kube
+def test_when_the_cleanup_fails_too_the_workload_keeps_deleting_holding_its_quota(
+    fraud, dave, fake_kube, settings
 ):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     deployment, (v1, _v2) = fraud
     workload, _ = create(deployment, v1, dave)
     fake_kube.fail("apply-Service", KubeError("forbidden (403)", kind="forbidden"))
@@ -370,9 +373,18 @@ def test_when_the_cleanup_fails_too_the_quota_stays_held_and_the_row_says_why(
 
     workload = step(workload, 2)
 
-    assert workload.state == State.FAILED
-    assert "could not be removed (API server unreachable): its quota stays held" in workload.detail
+    # Not failed: what was applied may run, so it holds its quota until it is gone.
+    assert workload.state == State.DELETING
+    assert workload.error == "the Service was refused: forbidden (403)"
+    assert ("could not be removed yet (API server unreachable): removing it again; its quota "
+            "stays held until it is gone") in workload.detail
     assert held(workload) == [(1, 2, 40960, "loading")]
+
+    workload = step(workload)
+
+    assert workload.state == State.DELETED
+    assert fake_kube.objects == {}
+    assert held(workload) == [(1, 2, 40960, "released")]
 
 
 def test_an_unreachable_api_server_is_retried_with_backoff_until_the_deadline(
@@ -401,7 +413,7 @@ def test_an_unreachable_api_server_is_retried_with_backoff_until_the_deadline(
     assert held(workload) == [(1, 2, 40960, "released")]
 
 
-def test_pods_that_never_become_ready_fail_the_creation_and_stay_to_be_looked_into(
+def test_pods_that_never_become_ready_fail_the_creation_and_release_its_quota(
     fraud, dave, fake_kube
 ):
     deployment, (v1, _v2) = fraud
@@ -412,12 +424,61 @@ def test_pods_that_never_become_ready_fail_the_creation_and_stay_to_be_looked_in
     past_deadline(workload)
     workload = step(workload)
 
+    # A failed workload keeps no quota: what it applied is taken away first.
     assert workload.state == State.FAILED
     assert workload.error.startswith("not ready within 600 s: waiting for the Deployment")
-    assert "The Deployment stays for you to look into" in workload.detail
-    assert "holds 2 GPUs of nvidia-a100-80gb" in workload.detail
-    assert ("Deployment", "serving", "triton-fraud-v1") in fake_kube.objects
+    assert workload.detail.endswith("Nothing is left on the cluster; quota released")
+    assert fake_kube.objects == {}
+    assert fake_kube.ops()[-2:] == ["delete-Deployment", "delete-Service"]
+    assert held(workload) == [(1, 2, 40960, "released")]
+    assert workload.applied_spec == {}
+
+
+def test_a_refusal_that_outlasts_the_window_while_waiting_ends_the_creation(
+    fraud, dave, fake_kube, settings
+):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 30
+    deployment, (v1, _v2) = fraud
+    workload, _ = create(deployment, v1, dave)
+    workload = step(workload, 2)
+    refused = KubeError("read Deployment serving/triton-fraud-v1: forbidden by RBAC (403): "
+                        "cannot get", kind="forbidden", status=403)
+    fake_kube.fail("read", refused, refused)
+
+    workload = step(workload)
+
+    assert (workload.state, workload.error) == (State.PROGRESSING, refused.message)
     assert held(workload) == [(1, 2, 40960, "loading")]
+
+    ServerWorkload.objects.filter(pk=workload.pk).update(
+        next_attempt_at=None, forbidden_since=timezone.now() - timedelta(seconds=30))
+    workload = step(workload)
+
+    assert workload.state == State.FAILED
+    assert workload.error == f"{refused.message} (refused for 30 s in a row)"
+    assert fake_kube.objects == {}
+    assert held(workload) == [(1, 2, 40960, "released")]
+
+
+def test_a_creation_refused_for_a_moment_is_applied_and_becomes_ready(fraud, dave, fake_kube):
+    """An API server that has just started refuses a correctly bound user for a moment."""
+    deployment, (v1, _v2) = fraud
+    workload, _ = create(deployment, v1, dave)
+    refused = KubeError("apply Deployment serving/triton-fraud-v1: forbidden by RBAC (403)",
+                        kind="forbidden", status=403)
+    fake_kube.fail("apply-Deployment", refused, refused)
+
+    workload = step(workload, 2)
+    assert (workload.state, workload.attempts) == (State.APPLYING, 1)
+    for _ in range(2):
+        ServerWorkload.objects.filter(pk=workload.pk).update(next_attempt_at=None)
+        workload = step(workload)
+    assert workload.state == State.PROGRESSING
+    fake_kube.pods_ready("serving", workload.name)
+    workload = step(workload)
+
+    assert workload.state == State.READY
+    assert held(workload) == [(1, 2, 40960, "active")]
 
 
 def test_a_deployment_someone_deleted_while_progressing_ends_the_creation(
@@ -614,7 +675,8 @@ def test_a_stale_write_during_a_roll_is_retried_not_failed(chat, dave, fake_kube
     assert step(workload).state == State.PROGRESSING
 
 
-def test_a_roll_refused_by_the_api_server_rolls_back_at_once(chat, dave, fake_kube):
+def test_a_roll_refused_by_the_api_server_rolls_back_at_once(chat, dave, fake_kube, settings):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     workload = ready_vllm(chat, dave, fake_kube)
     _deployment, (_v1, v2) = chat
     workloads.roll_version(workload, v2, dave)
@@ -650,7 +712,9 @@ def test_only_vllm_servers_roll_their_version(fraud, dave, fake_kube):
         workloads.roll_version(workload, v2, dave)
 
 
-def test_a_rollback_that_cannot_be_applied_ends_failed_saying_so(chat, dave, fake_kube):
+def test_a_rollback_that_cannot_be_applied_ends_failed_saying_so(chat, dave, fake_kube,
+                                                                 settings):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     workload = ready_vllm(chat, dave, fake_kube)
     _deployment, (_v1, v2) = chat
     workloads.roll_version(workload, v2, dave)
@@ -701,7 +765,10 @@ def test_deleting_what_is_gone_already_is_done_all_the_same(fraud, dave, fake_ku
     assert held(workload) == [(1, 2, 40960, "released")]
 
 
-def test_a_forbidden_delete_keeps_the_quota_and_can_be_asked_again(fraud, dave, fake_kube):
+def test_a_forbidden_delete_keeps_deleting_holding_the_quota_until_it_is_gone(
+    fraud, dave, fake_kube, settings
+):
+    settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     workload = ready_triton(fraud, dave, fake_kube)
     workloads.delete_workload(workload, dave)
     fake_kube.fail("delete-Deployment", KubeError("forbidden by RBAC (403): delete",
@@ -709,11 +776,15 @@ def test_a_forbidden_delete_keeps_the_quota_and_can_be_asked_again(fraud, dave, 
 
     workload = step(workload)
 
-    assert workload.state == State.FAILED
-    assert workload.detail.startswith("could not delete: forbidden by RBAC (403)")
+    # Never failed: the Deployment still runs, so the quota stays held while it is retried.
+    assert workload.state == State.DELETING
+    assert workload.detail == ("could not delete: forbidden by RBAC (403): delete; its quota "
+                               "stays held until it is gone (tried again every 30 s)")
     assert held(workload) == [(1, 2, 40960, "active")]
-    workloads.delete_workload(workload, dave)
+    assert workload_reconciler.advance(workload.pk) is None  # not before its time
+    ServerWorkload.objects.filter(pk=workload.pk).update(next_attempt_at=None)
     assert step(workload).state == State.DELETED
+    assert held(workload) == [(1, 2, 40960, "released")]
 
 
 def test_a_server_the_route_sends_traffic_to_is_not_deleted(fraud, dave, fake_kube):
