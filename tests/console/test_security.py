@@ -654,6 +654,13 @@ def test_the_api_docs_render_under_the_policy(watched, alice):
     redoc = w.visit("/api/redoc/")
     expect(w.page.locator("redoc h1").first).to_be_visible()
     expect(w.page.locator("redoc")).to_contain_text("/api/v1/deployments/")
+    # ReDoc asks for its logo once it has drawn its sidebar, which may be after the page was
+    # first read: wait for the refusal (a busy machine took more than a network-idle wait).
+    for _ in range(50):
+        if redoc:
+            break
+        w.page.wait_for_timeout(100)
+        redoc = w.problems()
     # ReDoc always shows a logo from its vendor's CDN; the policy keeps that request from
     # leaving (ReDoc then hides the image). It is the only refusal (reported once or twice:
     # the browser's console line and the page's violation event need not both arrive before
