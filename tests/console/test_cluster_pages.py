@@ -259,7 +259,7 @@ def test_a_failed_connection_is_shown_readable_not_as_an_error_page(root):
 
     assert answer.status_code == 200
     html = page_text(answer)
-    assert "gpu-east: connection failed: GET /api/v1/nodes: the API server refused the " \
+    assert "gpu-east: connection failed: GET /version: the API server refused the " \
            "credentials (401 Unauthorized)" in html
     assert 'data-connection="failed"' in html
     assert Cluster.objects.get(pk=cluster.pk).connection_state == "failed"

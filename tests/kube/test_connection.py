@@ -2,8 +2,9 @@
 real kube-apiserver gave (``recorded/``), a local TLS server and a closed port.
 
 A connection test is ``GET /version`` and then ``GET /api/v1/nodes`` with the credentials:
-/version alone is answered to anyone on many servers, so a bad token or a missing RBAC grant
-only shows on the node list, which is what the sync needs first.
+/version is answered to anonymous callers, so a missing credential or a missing RBAC grant
+only shows on the node list, which is what the sync needs first. A wrong token is refused on
+/version itself (401), as the real server does (``10-bad-token``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def connected() -> list[dict]:
 
 
 def refused_token() -> list[dict]:
-    """GET /version answered, then 401 on the node list: the bad bearer token."""
-    return exchanges("01-server-discovery", 0) + exchanges("06-auth-errors", 0)
+    """A wrong bearer token: 401 on GET /version itself, the first call (a real server never
+    answers /version to a token it refuses and the node list then 401)."""
+    return exchanges("10-bad-token", 0)
 
 
 def no_list_grant() -> list[dict]:
@@ -171,15 +173,16 @@ def test_it_reports_the_server_version_and_how_many_nodes_it_may_list():
 
 
 @pytest.mark.django_db
-def test_a_refused_token_is_a_recorded_failure_even_though_version_answers():
+def test_a_refused_token_is_a_recorded_failure_at_the_first_call():
     with RecordedApiServer(refused_token()) as srv:
         cluster = token_cluster(srv.url, kube_server_version="v1.23.0")
         result = kube_connection.test_connection(cluster)
     srv.assert_all_matched()
 
     assert result.ok is False and result.server_version == ""
-    assert result.detail == ("GET /api/v1/nodes: the API server refused the credentials "
+    assert result.detail == ("GET /version: the API server refused the credentials "
                              "(401 Unauthorized): check the token")
+    assert [(r.method, r.path) for r in srv.received] == [("GET", "/version")]
     row = Cluster.objects.get(pk=cluster.pk)
     assert (row.connection_state, row.connection_detail) == ("failed", result.detail)
     # A failure does not forget the version last seen.

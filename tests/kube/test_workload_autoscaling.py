@@ -653,8 +653,9 @@ def test_a_higher_maximum_is_admitted_first_and_applied_to_the_hpa(fraud, dave, 
     assert hpa_kube.autoscaler(NS, "triton-fraud-v1")["spec"]["maxReplicas"] == 4
     assert hpa_kube.deployment(NS, "triton-fraud-v1")["metadata"]["annotations"][
         "switchyard.io/hpa-replicas"] == "2-4"
-    # Only the Deployment's metadata changed: no new generation, no pod replaced.
-    assert hpa_kube.generations[(NS, "triton-fraud-v1")] == generation
+    # Only the Deployment's annotation changed: a new generation all the same (the API server
+    # bumps it for metadata.annotations, 09-deployment-generation), but no pod is replaced.
+    assert hpa_kube.generations[(NS, "triton-fraud-v1")] == generation + 1
     assert hpa_kube.deployment(NS, "triton-fraud-v1")["spec"]["replicas"] == 1
 
     hpa_kube.hpa_scales(NS, "triton-fraud-v1", 2)
@@ -690,7 +691,9 @@ def test_a_lower_maximum_holds_its_quota_until_the_hpa_is_within_it(fraud, dave,
 
     found, _ = workloads.set_replica_range(workload, 1, 2, dave)
     assert held(found) == [(1, 4, 81920, "active")]
-    workload = step(found, 2)
+    workload = step(found)
+    hpa_kube.pods_ready(NS, "triton-fraud-v1")  # the new generation observed: no pod replaced
+    workload = step(workload)
     assert "within 1-2 replicas (it asks for 4)" in workload.detail
     assert held(workload) == [(1, 4, 81920, "active")]
 
@@ -716,7 +719,9 @@ def test_a_range_change_that_does_not_come_up_puts_the_previous_range_back(
 ):
     workload = ready(fraud, dave, hpa_kube, min_replicas=1, max_replicas=2)
     found, _ = workloads.set_replica_range(workload, 3, 4, dave)
-    workload = step(found, 2)
+    workload = step(found)
+    hpa_kube.pods_ready(NS, "triton-fraud-v1")  # the new generation observed: no pod replaced
+    workload = step(workload)
     assert "within 3-4 replicas" in workload.detail
     ServerWorkload.objects.filter(pk=workload.pk).update(
         deadline_at=timezone.now() - timedelta(seconds=1), next_attempt_at=None)

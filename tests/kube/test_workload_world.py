@@ -5,7 +5,9 @@ The adapter's calls are proven against recorded exchanges with a real API server
 (test_workload_adapter.py); the domain tests put :class:`FakeKube` in their place so the
 reconciler can be driven through every state, including pods becoming ready, which no
 recording holds. It keeps what was applied, counts generations as the API server does (a
-spec change is a new generation), and answers each read with a status the test sets.
+change to the spec or to ``metadata.annotations`` is a new generation, one to the labels
+alone is not: ``09-deployment-generation``), and answers each read with a status the test
+sets.
 """
 
 from __future__ import annotations
@@ -34,6 +36,17 @@ A100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 A100_CLASS = "nvidia-a100-80gb"
 H100_CLASS = "nvidia-h100-80gb"
+
+
+def new_generation(before: dict[str, Any] | None, manifest: dict[str, Any]) -> bool:
+    """Whether applying ``manifest`` over ``before`` bumps a Deployment's generation, as the
+    real API server does (09): on creation, a spec change, or a change of
+    ``metadata.annotations``; not for a change of ``metadata.labels`` alone."""
+    if before is None:
+        return True
+    def annotations(obj: dict[str, Any]) -> dict[str, str]:
+        return obj["metadata"].get("annotations") or {}
+    return before["spec"] != manifest["spec"] or annotations(before) != annotations(manifest)
 
 
 @dataclass
@@ -71,7 +84,7 @@ class FakeKube:
         self._call(f"apply-{kind}", *key)
         before = self.objects.get((kind, *key))
         self.objects[(kind, *key)] = copy.deepcopy(manifest)
-        if kind == "Deployment" and (before is None or before["spec"] != manifest["spec"]):
+        if kind == "Deployment" and new_generation(before, manifest):
             self.generations[key] = self.generations.get(key, 0) + 1
         return self._object(kind, key)
 
