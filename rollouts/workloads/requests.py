@@ -90,11 +90,35 @@ State = ServerWorkload.State
 CREATED = "created_workload"
 
 
+def _left_nothing() -> Any:
+    """Workloads whose creation failed with nothing applied (nothing on the cluster, quota
+    released): they hold no name and no pod labels."""
+    return ServerWorkload.objects.filter(state=State.FAILED, applied_spec={}).exclude(
+        placement__state__in=Placement.HOLDING)
+
+
+def _supersede(actor: Any, cluster_id: int, namespace: str, name: str) -> None:
+    """A creation that failed with nothing applied gives its name to a new one: it ends
+    ``deleted`` (as if deleted, its history kept), and its server leaves its deployment."""
+    for old in _left_nothing().filter(cluster_id=cluster_id, namespace=namespace,
+                                       name=name).select_related("deployment", "server"):
+        ServerWorkload.objects.filter(pk=old.pk).update(
+            state=State.DELETED, updated_at=timezone.now(),
+            detail=f"{old.detail} Superseded by a new creation of {name}, asked by "
+                   f"{actor_label(actor)}.")
+        if old.server is not None:
+            old.deployment.servers.remove(old.server)
+        audit.record(actor, "superseded_workload", old, tenant=old.tenant,
+                     before={"state": State.FAILED}, after={"state": State.DELETED})
+
+
 def _check_free(cluster_id: int, namespace: str, name: str,
                 labels: dict[str, str]) -> InferenceServer | None:
     """Refuse a name, or pod labels, another live workload in the namespace has; answer the
-    retired managed server of that name, which the new workload takes over."""
-    live = ServerWorkload.objects.filter(cluster_id=cluster_id).exclude(state=State.DELETED)
+    retired managed server of that name, which the new workload takes over. A creation that
+    failed with nothing applied (:func:`_left_nothing`) is not live."""
+    live = ServerWorkload.objects.filter(cluster_id=cluster_id).exclude(
+        state=State.DELETED).exclude(pk__in=_left_nothing().values("pk"))
     if live.filter(namespace=namespace, name=name).exists():
         raise Conflict(f"a server named {name} already runs in namespace {namespace}",
                        field="name")
@@ -248,6 +272,7 @@ def _create(
             name=name, namespace=namespace, runtime=runtime, deployment=deployment.name,
             version=version.version, image="", replicas=0, node_selector={},
         ))
+        _supersede(actor, deployment.cluster_id, namespace, name)
         server = _check_free(deployment.cluster_id, namespace, name, labels)
         server_fields = {
             "runtime": runtime, "source": InferenceServer.Source.MANAGED,
