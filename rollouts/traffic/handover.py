@@ -71,8 +71,8 @@ def hand_over(sender: Any, *, before: Cluster, after: Cluster,
     new = _router(after, "new")
     if new is None:
         raise Conflict(
-            f"cluster {after.name} has {len(routes)} route(s) in force on its router: remove "
-            "them first, or choose the router they move to",
+            f"cluster {after.name} has {len(routes)} route{'s' if len(routes) != 1 else ''} "
+            "in force on its router: remove them first, or choose the router they move to",
             field=FIELD,
         )
     old = _router(before, "current")
