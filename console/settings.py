@@ -343,6 +343,8 @@ CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
 SWITCHYARD_BENCHMARK_INTERVAL_S = env_float("SWITCHYARD_BENCHMARK_INTERVAL_S", 1.0, minimum=0.2)
 # A worker's claim on a benchmark job (rollouts/leases.py), renewed while its step runs.
 SWITCHYARD_BENCHMARK_LEASE_S = env_float("SWITCHYARD_BENCHMARK_LEASE_S", 15.0, minimum=1.0)
+# How long one benchmark request may wait for its answer before it counts as a timeout.
+SWITCHYARD_BENCHMARK_REQUEST_TIMEOUT_S = env_float("SWITCHYARD_BENCHMARK_REQUEST_TIMEOUT_S", 30.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE["reconcile-benchmarks"] = {
     "task": "rollouts.tasks.reconcile_benchmarks",
     "schedule": timedelta(seconds=SWITCHYARD_BENCHMARK_INTERVAL_S),

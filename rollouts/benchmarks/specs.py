@@ -323,6 +323,7 @@ def spec_for(job: BenchmarkJob, run_id: str) -> dict[str, Any]:
             "kind": job.protocol, "url": url, "model": name,
             "version": str(job.version.version) if triton else "",
             "bodies": [base64.b64encode(b).decode() for b in bodies],
+            "timeout_s": settings.SWITCHYARD_BENCHMARK_REQUEST_TIMEOUT_S,
         },
         "server": {
             "kind": "triton" if triton else "vllm",

@@ -76,6 +76,11 @@ def vworld(settings, tmp_path, local_vllm, redis_prefix):
     """A deployer, a local cluster whose server is the session's vLLM (metrics known), and a
     base-model version of smollm2 with a READY load there."""
     settings.SWITCHYARD_BENCHMARK_LEASE_S = 5
+    # vLLM on a busy 2-core CPU: an overload level's early requests share engine steps with
+    # a hundred others (ITL ~0.7 s and TTFT ~2 s measured even at 2 req/s in CI), so 24
+    # tokens can take longer than the 30 s default; a timeout would drop them from the wait
+    # the test measures.
+    settings.SWITCHYARD_BENCHMARK_REQUEST_TIMEOUT_S = 300
     settings.DATA_DIR = tmp_path / "data"
     cluster = Cluster.objects.create(name=f"local-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.LOCAL)
     node = Node.objects.create(cluster=cluster, name="localhost", memory_mib=24 * 1024)
