@@ -1,7 +1,8 @@
 """``/metrics``: Switchyard's own Prometheus endpoint.
 
 One registry built per request from :data:`COLLECTORS` (each a ``prometheus_client``
-collector class): the per-deployment autoscaling signal (:class:`DeploymentCollector`), what
+collector class): the per-deployment autoscaling signal and SLO request counters
+(:class:`DeploymentCollector`), what
 Switchyard's own processes counted (:class:`TelemetryCollector`: requests by view, Celery
 tasks, reconcile ticks, failed scrapes; console.telemetry), the broker's queue lengths
 (:class:`QueueCollector`), and the state of its rows (:class:`StateCollector`: loads,
@@ -31,6 +32,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
@@ -47,6 +49,8 @@ from fleet.quota import admission as quota
 from fleet.tenancy.lockouts import client_ip
 from fleet.tenancy.scoping import is_platform_admin
 from rollouts.models import BenchmarkJob, ModelLoad, Rollout
+from rollouts.slo import counters as slo_counters
+from rollouts.slo.status import LATENCY_BUDGET
 from rollouts.workloads import autoscaling
 
 log = logging.getLogger(__name__)
@@ -79,7 +83,10 @@ DEPLOYMENT_GAUGES: dict[str, str] = {
     "switchyard_deployment_slo_p99_seconds":
         "The deployment's p99 latency SLO",
     "switchyard_deployment_slo_error_ratio":
-        "The deployment's error-rate ceiling (0 to 1)",
+        "The deployment's error-rate ceiling (0 to 1): its error budget",
+    "switchyard_deployment_slo_latency_objective_ratio":
+        "Share of the answered requests that must be faster than the p99 latency SLO (0.99: "
+        "a latency budget of 1%)",
     "switchyard_deployment_capacity_requests_per_second":
         "Requests per second one replica carries within the SLO (newest benchmark of the "
         "version serving most traffic)",
@@ -106,6 +113,7 @@ def _deployment_values(rec: autoscaling.Recommendation) -> dict[str, float | Non
             sig.error_rate / 100.0 if sig.error_rate is not None else None,
         "switchyard_deployment_slo_p99_seconds": deployment.slo_p99_ms / 1000.0,
         "switchyard_deployment_slo_error_ratio": float(deployment.slo_error_rate) / 100.0,
+        "switchyard_deployment_slo_latency_objective_ratio": 1.0 - LATENCY_BUDGET,
         "switchyard_deployment_capacity_requests_per_second": rec.capacity_rps,
         "switchyard_deployment_replicas": float(rec.current),
         "switchyard_deployment_replicas_recommended":
@@ -116,24 +124,30 @@ def _deployment_values(rec: autoscaling.Recommendation) -> dict[str, float | Non
 class DeploymentCollector(Collector):
     """One series per deployment in use (archived ones left out) and gauge; a gauge without
     a value for a deployment (nothing measured, no benchmark) is left out for it, so an HPA
-    reading it holds its replicas instead of acting on a made-up zero."""
+    reading it holds its replicas instead of acting on a made-up zero. The SLO counters
+    (:func:`slo_counter_families`) carry the same labels, so the two join one to one."""
 
     def describe(self) -> Iterable[Metric]:
         # Names only, so registering does not query anything.
         families = [GaugeMetricFamily(n, h, labels=DEPLOYMENT_LABELS)
                     for n, h in DEPLOYMENT_GAUGES.items()]
-        return [*families, GaugeMetricFamily(SIGNAL_UP, "")]
+        counters = [CounterMetricFamily(_strip_total(n), h, labels=DEPLOYMENT_LABELS)
+                    for n, (_, h) in SLO_COUNTERS.items()]
+        return [*families, GaugeMetricFamily(SIGNAL_UP, ""), *counters,
+                GaugeMetricFamily(SLO_COUNTERS_UP, "")]
 
     def collect(self) -> Iterator[Metric]:
         families = {name: GaugeMetricFamily(name, text, labels=DEPLOYMENT_LABELS)
                     for name, text in DEPLOYMENT_GAUGES.items()}
         up = 1.0
+        labelled: dict[int, list[str]] = {}
         for rec in autoscaling.recommendations():
             if rec.signal.error:
                 up = 0.0
             deployment = rec.deployment
             labels = [deployment.tenant.slug, deployment.name, deployment.cluster.name,
                       rec.namespace, rec.kube_deployment]
+            labelled[deployment.pk] = labels
             for name, value in _deployment_values(rec).items():
                 if value is not None:
                     families[name].add_metric(labels, value)
@@ -141,6 +155,47 @@ class DeploymentCollector(Collector):
         yield GaugeMetricFamily(
             SIGNAL_UP, "1 when the live window in Redis could be read for every deployment; "
             "0 when it could not (their live gauges are then absent)", value=up)
+        yield from slo_counter_families(labelled)
+
+
+#: Cumulative request counts per deployment (rollouts.slo.counters, added by the scrape
+#: tick): name -> (field of the Redis hash, help). deploy/prometheus/slo-rules.yml turns them
+#: into the error and latency burn rates.
+SLO_COUNTERS: dict[str, tuple[str, str]] = {
+    "switchyard_deployment_requests_total": (
+        "requests", "Requests sent to the deployment, failed ones included"),
+    "switchyard_deployment_failed_requests_total": (
+        "failures", "Requests to the deployment that failed (what its error SLO counts)"),
+    "switchyard_deployment_slow_requests_total": (
+        "slow", "Answered requests slower than the deployment's p99 latency SLO (what its "
+                "latency SLO counts)"),
+}
+SLO_COUNTERS_UP = "switchyard_deployment_slo_counters_up"
+
+
+def slo_counter_families(labelled: dict[int, list[str]]) -> list[Metric]:
+    """The SLO counters of each deployment id in ``labelled`` (id -> its label values, in
+    :data:`DEPLOYMENT_LABELS` order) and their up gauge. When Redis cannot be read the
+    counters are absent (never zeros, which Prometheus would read as a counter reset)."""
+    families = {name: CounterMetricFamily(_strip_total(name), text, labels=DEPLOYMENT_LABELS)
+                for name, (_, text) in SLO_COUNTERS.items()}
+    store = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        counts = slo_counters.read(store, labelled)
+    except redis.RedisError as exc:
+        log.warning("/metrics: the deployments' SLO counters cannot be read from Redis: %s", exc)
+        found: list[Metric] = []
+        up = 0.0
+    else:
+        for pk, labels in labelled.items():
+            for name, (field, _) in SLO_COUNTERS.items():
+                families[name].add_metric(labels, counts[pk][field])
+        found, up = list(families.values()), 1.0
+    finally:
+        store.close()
+    return [*found, GaugeMetricFamily(
+        SLO_COUNTERS_UP, "1 when the deployments' SLO counters could be read from Redis; 0 when "
+        "not (they are then absent)", value=up)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -252,6 +252,93 @@ def test_when_redis_is_down_the_live_gauges_are_absent_and_it_says_so(settings):
     assert by_deployment(text, "switchyard_deployment_slo_p99_seconds")["fraud-scorer"] == 0.25
 
 
+def add_slo_counts(dep: Any, **counts: float) -> None:
+    """What the scrape tick adds to ``dep``'s SLO counters in Redis."""
+    import redis
+    from django.conf import settings
+
+    from rollouts.slo import counters
+
+    pipe = redis.Redis.from_url(settings.REDIS_URL).pipeline()
+    counters.add(pipe, dep.pk, **counts)
+    pipe.execute()
+
+
+SLO_COUNTER_NAMES = ("switchyard_deployment_requests_total",
+                     "switchyard_deployment_failed_requests_total",
+                     "switchyard_deployment_slow_requests_total")
+
+
+def counter_samples(text: str) -> dict[str, dict[str, float]]:
+    """name -> deployment -> value of the SLO counters' samples (``_created`` left out)."""
+    found: dict[str, dict[str, float]] = {name: {} for name in SLO_COUNTER_NAMES}
+    for family in families(text).values():
+        for sample in family.samples:
+            if sample.name in found:
+                found[sample.name][sample.labels["deployment"]] = sample.value
+    return found
+
+
+def test_it_exports_each_deployments_slo_counters_with_the_gauges_labels():
+    """GIVEN fraud-scorer, whose scrape ticks counted 1,000 requests, 12 failed and 30 slow,
+    and quiet, never counted
+    WHEN /metrics is read
+    THEN both carry the three counters (quiet at 0), with the labels of their gauges, and
+    the latency objective of their SLO."""
+    world = served_world()
+    add_slo_counts(world["busy"], requests=600, failures=10, slow=20)
+    add_slo_counts(world["busy"], requests=400, failures=2, slow=10)
+
+    text = get().content.decode()
+
+    assert counter_samples(text) == {
+        "switchyard_deployment_requests_total": {"fraud-scorer": 1000.0, "quiet": 0.0},
+        "switchyard_deployment_failed_requests_total": {"fraud-scorer": 12.0, "quiet": 0.0},
+        "switchyard_deployment_slow_requests_total": {"fraud-scorer": 30.0, "quiet": 0.0},
+    }
+    found = families(text)
+    gauge_labels = {s.labels["deployment"]: s.labels
+                    for s in found["switchyard_deployment_slo_error_ratio"].samples}
+    for name in SLO_COUNTER_NAMES:
+        family = next(f for f in found.values() if name in {s.name for s in f.samples})
+        assert family.type == "counter"
+        for sample in family.samples:
+            assert sample.labels == gauge_labels[sample.labels["deployment"]]
+    assert gauge_labels["fraud-scorer"]["kube_deployment"] == "triton-fraud-v1"
+    assert by_deployment(text, "switchyard_deployment_slo_latency_objective_ratio") == {
+        "fraud-scorer": pytest.approx(0.99), "quiet": pytest.approx(0.99)}
+    assert samples_of(text, "switchyard_deployment_slo_counters_up")[0].value == 1.0
+
+
+def test_the_slo_counters_only_grow_between_scrapes():
+    dep = make_deployment()
+    add_slo_counts(dep, requests=10, failures=1, slow=0)
+    first = counter_samples(get().content.decode())
+    add_slo_counts(dep, requests=5, failures=0, slow=2)
+
+    second = counter_samples(get().content.decode())
+
+    assert first["switchyard_deployment_requests_total"] == {dep.name: 10.0}
+    assert second == {"switchyard_deployment_requests_total": {dep.name: 15.0},
+                      "switchyard_deployment_failed_requests_total": {dep.name: 1.0},
+                      "switchyard_deployment_slow_requests_total": {dep.name: 2.0}}
+
+
+def test_when_redis_is_down_the_slo_counters_are_absent_and_it_says_so(settings, caplog):
+    world = served_world()
+    add_slo_counts(world["busy"], requests=100, failures=1, slow=1)
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+
+    answer = get()
+
+    text = answer.content.decode()
+    assert answer.status_code == 200
+    assert counter_samples(text) == {name: {} for name in SLO_COUNTER_NAMES}
+    assert samples_of(text, "switchyard_deployment_slo_counters_up")[0].value == 0.0
+    assert by_deployment(text, "switchyard_deployment_slo_error_ratio")["fraud-scorer"] == 0.01
+    assert "SLO counters cannot be read from Redis" in caplog.text
+
+
 def test_openmetrics_is_served_when_asked_for():
     served_world()
 
