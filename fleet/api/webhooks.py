@@ -58,11 +58,15 @@ class WebhookSerializer(StrictFieldsMixin, serializers.ModelSerializer):
     )
     created_by = serializers.StringRelatedField(allow_null=True)
     last_delivery = serializers.SerializerMethodField()
+    routing_key = serializers.CharField(
+        write_only=True, required=False, allow_blank=True, max_length=64,
+        help_text="The pagerduty format's integration key (Events API v2); never shown back",
+    )
 
     class Meta:
         model = Webhook
         fields = [
-            "id", "tenant", "name", "url", "events", "format", "active", "secret_prefix",
+            "id", "tenant", "name", "url", "events", "format", "active", "routing_key", "secret_prefix",
             "created_by", "created_at", "last_delivery",
         ]
         read_only_fields = ["created_by", "created_at"]

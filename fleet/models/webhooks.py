@@ -16,7 +16,9 @@ class Webhook(models.Model):
     """A URL that receives a tenant's events as signed POSTs (``fleet.webhooks``).
 
     ``events`` lists the event names it listens to; empty means every event. ``format`` is
-    ``json`` (the event itself, signed) or ``slack`` (an incoming-webhook message). The secret
+    ``json`` (the event itself, signed), ``slack`` (an incoming-webhook message) or
+    ``pagerduty`` (a PagerDuty Events v2 event carrying ``routing_key``, the integration key
+    of the PagerDuty service, never shown again). The secret
     keys the HMAC signature, so it is stored as it is; it is shown in full once, at creation,
     and as ``secret_prefix`` after. An inactive webhook is sent nothing new, and its
     deliveries still pending fail instead of being sent.
@@ -25,13 +27,16 @@ class Webhook(models.Model):
     class Format(models.TextChoices):
         JSON = "json", "JSON event"
         SLACK = "slack", "Slack message"
+        PAGERDUTY = "pagerduty", "PagerDuty Events v2"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="webhooks")
     name = models.CharField(max_length=100)
     url = models.CharField(max_length=2000, help_text="http:// or https:// URL the events are POSTed to")
     secret = models.CharField(max_length=100)
     events = models.JSONField(default=list, blank=True, help_text="event names; empty: all events")
-    format = models.CharField(max_length=8, choices=Format.choices, default=Format.JSON)
+    format = models.CharField(max_length=16, choices=Format.choices, default=Format.JSON)
+    routing_key = models.CharField(max_length=64, blank=True,
+                                   help_text="PagerDuty's integration key (the pagerduty format only)")
     active = models.BooleanField(default=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

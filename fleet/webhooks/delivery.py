@@ -87,6 +87,8 @@ def body_of(delivery: WebhookDelivery) -> bytes:
     tenant = webhook.tenant.slug
     if webhook.format == Webhook.Format.SLACK:
         document: dict[str, Any] = slack_message(delivery)
+    elif webhook.format == Webhook.Format.PAGERDUTY:
+        document = pagerduty_event(delivery)
     else:
         document = {
             "id": delivery.pk, "event": delivery.event, "tenant": tenant,
@@ -115,6 +117,35 @@ def slack_message(delivery: WebhookDelivery) -> dict[str, Any]:
         "text": f"`{delivery.event}` · tenant {delivery.webhook.tenant.slug} · delivery {delivery.pk}",
     }]})
     return {"text": text, "blocks": blocks}
+
+
+#: PagerDuty severities by event: what needs a person now, what is worth a look.
+PAGERDUTY_SEVERITY = {"rollout.rolled_back": "warning", "rollout.approval_needed": "info"}
+
+
+def pagerduty_event(delivery: WebhookDelivery) -> dict[str, Any]:
+    """A PagerDuty Events API v2 event. An event that carries a ``dedup_key`` (an SLO alert)
+    triggers with it and its resolution resolves the same incident; any other event
+    triggers an incident of its own (``severity`` from the event, else by its name)."""
+    webhook = delivery.webhook
+    data = delivery.payload if isinstance(delivery.payload, dict) else {}
+    dedup_key = data.get("dedup_key") or f"switchyard-{webhook.tenant.slug}-{delivery.pk}"
+    action = "resolve" if data.get("state") == "resolved" and data.get("dedup_key") else "trigger"
+    document: dict[str, Any] = {"routing_key": webhook.routing_key, "event_action": action,
+                                "dedup_key": dedup_key}
+    if action == "trigger":
+        source = "/".join(str(p) for p in ("switchyard", webhook.tenant.slug, data.get("deployment")) if p)
+        document["payload"] = {
+            "summary": (delivery.summary or f"{delivery.event} in {webhook.tenant.slug}")[:1024],
+            "source": source,
+            "severity": data.get("severity") or PAGERDUTY_SEVERITY.get(delivery.event, "info"),
+            "timestamp": delivery.created_at.isoformat().replace("+00:00", "Z"),
+            "component": data.get("deployment") or None,
+            "group": webhook.tenant.slug,
+            "class": delivery.event,
+            "custom_details": data,
+        }
+    return document
 
 
 def backoff(attempts: int) -> timedelta:

@@ -29,6 +29,10 @@ class WebhookForm(DomainForm):
         error_messages={"invalid_choice": "unknown event %(value)s"},
     )
     format = forms.ChoiceField(choices=Webhook.Format.choices, initial=Webhook.Format.JSON)
+    routing_key = forms.CharField(
+        max_length=64, required=False, label="PagerDuty routing key",
+        help_text="the integration key of the PagerDuty service (Events API v2); the pagerduty format only",
+    )
 
     def __init__(self, *args: Any, actor: Any, **kwargs: Any) -> None:
         super().__init__(*args, actor=actor, **kwargs)
@@ -39,5 +43,5 @@ class WebhookForm(DomainForm):
         data = self.cleaned_data
         return webhook_requests.create_webhook(
             self.actor, self.tenants[data["tenant"]], name=data["name"], url=data["url"],
-            events=data["events"], format=data["format"],
+            events=data["events"], format=data["format"], routing_key=data["routing_key"],
         )

@@ -5,6 +5,7 @@ queued like any delivery."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -85,11 +86,24 @@ def _validate_format(value: str) -> str:
 
 
 AUDITED = ["name", "url", "events", "format", "active"]
+ROUTING_KEY = re.compile(r"[A-Za-z0-9]{1,64}")
+
+
+def _validate_routing_key(value: str, format: str) -> str:
+    value = (value or "").strip()
+    if format != Webhook.Format.PAGERDUTY:
+        if value:
+            raise DomainError("only a pagerduty webhook takes a routing key", field="routing_key")
+        return ""
+    if not ROUTING_KEY.fullmatch(value):
+        raise DomainError("give the PagerDuty service's integration key (Events API v2): 1 to 64 "
+                          "letters and digits", field="routing_key")
+    return value
 
 
 def create_webhook(
     actor: Any, tenant: Tenant, *, name: str, url: str, events: list[str] | None = None,
-    format: str = Webhook.Format.JSON, active: bool = True,
+    format: str = Webhook.Format.JSON, active: bool = True, routing_key: str = "",
 ) -> CreatedWebhook:
     """Make a webhook with a fresh secret. Needs the admin role in the tenant."""
     require_role(actor, tenant, Membership.Role.ADMIN)
@@ -98,6 +112,7 @@ def create_webhook(
         "events": validate_events(events or []), "format": _validate_format(format),
         "active": active,
     }
+    fields["routing_key"] = _validate_routing_key(routing_key, fields["format"])
     secret = SECRET_PREFIX + secrets.token_urlsafe(32)
     with transaction.atomic():
         webhook = Webhook.objects.create(
@@ -109,9 +124,9 @@ def create_webhook(
 
 
 def update_webhook(actor: Any, webhook: Webhook, **changes: Any) -> Webhook:
-    """Change any of name, url, events, format, active. Needs the admin role."""
+    """Change any of name, url, events, format, active and routing_key. Needs the admin role."""
     require_role(actor, webhook.tenant, Membership.Role.ADMIN)
-    unknown = set(changes) - set(AUDITED)
+    unknown = set(changes) - {*AUDITED, "routing_key"}
     if unknown:
         raise DomainError(f"cannot change {', '.join(sorted(unknown))}", field=sorted(unknown)[0])
     checks = {
@@ -119,17 +134,24 @@ def update_webhook(actor: Any, webhook: Webhook, **changes: Any) -> Webhook:
         "url": validate_url, "events": validate_events, "format": _validate_format,
         "active": bool,
     }
-    clean = {key: checks[key](value) for key, value in changes.items()}
+    clean = {key: checks[key](value) for key, value in changes.items() if key != "routing_key"}
+    format = clean.get("format", webhook.format)
+    if "routing_key" in changes or format != webhook.format:
+        clean["routing_key"] = _validate_routing_key(changes.get("routing_key", webhook.routing_key), format)
     changed = [key for key, value in clean.items() if getattr(webhook, key) != value]
     if not changed:
         return webhook
-    before = audit.snapshot(webhook, changed)
+    # The routing key is a credential: the audit says it changed, never what it is.
+    shown = [key for key in changed if key != "routing_key"]
+    before = audit.snapshot(webhook, shown)
     with transaction.atomic():
         for key in changed:
             setattr(webhook, key, clean[key])
         webhook.save(update_fields=changed)
-        audit.record(actor, "updated", webhook, tenant=webhook.tenant, before=before,
-                     after=audit.snapshot(webhook, changed))
+        after = audit.snapshot(webhook, shown)
+        if "routing_key" in changed:
+            after["routing_key"] = "changed"
+        audit.record(actor, "updated", webhook, tenant=webhook.tenant, before=before, after=after)
     return webhook
 
 
