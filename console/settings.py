@@ -339,6 +339,13 @@ CELERY_BEAT_SCHEDULE["reconcile-rollouts"] = {
     "schedule": timedelta(seconds=SWITCHYARD_ROLLOUT_INTERVAL_S),
     "options": {"expires": SWITCHYARD_ROLLOUT_INTERVAL_S},
 }
+# SLO status and burn-rate alerts (rollouts/slo/): every deployment evaluated this often.
+SWITCHYARD_SLO_INTERVAL_S = env_float("SWITCHYARD_SLO_INTERVAL_S", 5.0, minimum=1.0)
+CELERY_BEAT_SCHEDULE["evaluate-slos"] = {
+    "task": "rollouts.tasks.evaluate_slos",
+    "schedule": timedelta(seconds=SWITCHYARD_SLO_INTERVAL_S),
+    "options": {"expires": SWITCHYARD_SLO_INTERVAL_S},
+}
 # Benchmark jobs (rollouts/benchmarks/): followed this often while their runner sweeps.
 SWITCHYARD_BENCHMARK_INTERVAL_S = env_float("SWITCHYARD_BENCHMARK_INTERVAL_S", 1.0, minimum=0.2)
 # A worker's claim on a benchmark job (rollouts/leases.py), renewed while its step runs.
@@ -408,6 +415,8 @@ SPECTACULAR_SETTINGS = {
         "RolloutStateEnum": "rollouts.models.rollouts.Rollout.State",
         "WebhookDeliveryStateEnum": "fleet.models.webhooks.WebhookDelivery.State",
         "WebhookFormatEnum": "fleet.models.webhooks.Webhook.Format",
+        "SloStatusEnum": "rollouts.models.slo.SloStatus.State",
+        "SloAlertStateEnum": "rollouts.models.slo.SloAlert.State",
     },
     # Every operation states the errors it can answer, in one shape (console/schema.py).
     "POSTPROCESSING_HOOKS": [

@@ -10,6 +10,7 @@ from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.loads import drift
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
+from rollouts.slo import alerts as slo_alerts
 from rollouts.traffic import latency, routes
 from rollouts.workloads import reconciler as workload_reconciler
 
@@ -39,6 +40,13 @@ def reconcile_loads() -> int:
 def scrape_latency() -> dict[str, int]:
     """Beat tick: scrape every deployment's servers once and record the live window."""
     return latency.tick()
+
+
+@shared_task(ignore_result=True)
+def evaluate_slos() -> dict[str, int]:
+    """Beat tick (every SWITCHYARD_SLO_INTERVAL_S): every deployment's SLO status, and its
+    burn-rate alerts opened or resolved."""
+    return slo_alerts.tick()
 
 
 @shared_task(ignore_result=True)

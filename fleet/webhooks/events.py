@@ -16,6 +16,8 @@ EVENTS: dict[str, str] = {
     "rollout.state_changed": "a rollout moved to another state",
     "rollout.approval_needed": "a rollout waits for an approver",
     "rollout.rolled_back": "a rollout rolled back to its baseline",
+    "slo.alert_opened": "a deployment's SLO burn-rate alert opened (fast or slow burn of its budget)",
+    "slo.alert_resolved": "a deployment's SLO burn-rate alert resolved",
     "quota.request_changed": "a quota request was made, approved, refused, or its grant ended",
 }
 PING = "ping"  # sent by the test button to one webhook, whatever its events

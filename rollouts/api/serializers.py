@@ -21,6 +21,7 @@ from rollouts.models import (
     ModelLoadEvent,
     ModelVersion,
     Route,
+    SloStatus,
 )
 
 
@@ -183,6 +184,46 @@ class PercentField(serializers.DecimalField):
         return super().to_internal_value(data)
 
 
+class SloSerializer(serializers.Serializer):
+    """Where the deployment stands against its SLO (``rollouts.slo``)."""
+
+    state = serializers.ChoiceField(choices=SloStatus.State.choices)
+    since = serializers.DateTimeField(allow_null=True, help_text="when it entered this state")
+    reason = serializers.CharField()
+    budget_left_pct = serializers.FloatField(
+        allow_null=True, help_text="percent of the error budget of the last slo_window_days left "
+                                   "(negative: overspent); the lower of the errors and latency objectives'")
+    burn_rate_5m = serializers.FloatField(allow_null=True, help_text="1.0 spends the budget exactly over the window")
+    burn_rate_30m = serializers.FloatField(allow_null=True)
+    burn_rate_1h = serializers.FloatField(allow_null=True)
+    burn_rate_6h = serializers.FloatField(allow_null=True)
+    objectives = serializers.DictField(help_text="errors and latency: budget (a share), budget_left, burn per window")
+    alerts_firing = serializers.IntegerField()
+    evaluated_at = serializers.DateTimeField(allow_null=True)
+
+
+def slo_of(deployment: Deployment) -> dict[str, Any]:
+    found = getattr(deployment, "slo", None) if _has_slo(deployment) else None
+    if found is None:
+        return {"state": SloStatus.State.NO_TRAFFIC, "since": None, "reason": "not evaluated yet",
+                "budget_left_pct": None, "burn_rate_5m": None, "burn_rate_30m": None, "burn_rate_1h": None,
+                "burn_rate_6h": None, "objectives": {}, "alerts_firing": 0, "evaluated_at": None}
+    return {
+        "state": found.state, "since": found.since, "reason": found.reason,
+        "budget_left_pct": None if found.budget_left is None else round(found.budget_left * 100, 3),
+        "burn_rate_5m": found.burn_5m, "burn_rate_30m": found.burn_30m, "burn_rate_1h": found.burn_1h,
+        "burn_rate_6h": found.burn_6h, "objectives": found.detail.get("objectives", {}),
+        "alerts_firing": getattr(deployment, "alerts_firing", 0) or 0, "evaluated_at": found.evaluated_at,
+    }
+
+
+def _has_slo(deployment: Deployment) -> bool:
+    try:
+        return deployment.slo is not None
+    except SloStatus.DoesNotExist:
+        return False
+
+
 class DeploymentSerializer(ValidatedModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     slo_error_rate = PercentField(required=False, help_text="Error-rate ceiling in percent")
@@ -201,13 +242,16 @@ class DeploymentSerializer(ValidatedModelSerializer):
         write_only=True, required=False, default="", allow_blank=True, max_length=2000,
         help_text="Why, for the audit log (e.g. why the production flag changes)",
     )
+    slo_status = serializers.SerializerMethodField(
+        help_text="ok, at_risk, breaching or no_traffic (the same as slo.state)")
+    slo = serializers.SerializerMethodField()
 
     class Meta:
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
-            "slo_error_rate", "priority", "description", "route_url", "created_at", "updated_at",
-            "archived_at", "reason",
+            "slo_error_rate", "slo_window_days", "slo_status", "slo", "priority", "description",
+            "route_url", "created_at", "updated_at", "archived_at", "reason",
         ]
         read_only_fields = ["created_at", "updated_at", "archived_at"]
         extra_kwargs = {"production": {"help_text": (
@@ -216,6 +260,14 @@ class DeploymentSerializer(ValidatedModelSerializer):
             "is a 409 while a version that is not approved is loaded, loading, in a rollout, "
             "a workload or a benchmark job on it")}}
         validators: list[Any] = []
+
+    @extend_schema_field(serializers.ChoiceField(choices=SloStatus.State.choices))
+    def get_slo_status(self, deployment: Deployment) -> str:
+        return slo_of(deployment)["state"]
+
+    @extend_schema_field(SloSerializer)
+    def get_slo(self, deployment: Deployment) -> dict[str, Any]:
+        return SloSerializer(slo_of(deployment)).data
 
     @extend_schema_field({"type": ["string", "null"], "format": "uri"})
     def get_route_url(self, deployment: Deployment) -> str | None:

@@ -1,6 +1,14 @@
 from rest_framework.routers import DefaultRouter
 
-from rollouts.api import benchmarks, metric_templates, rollouts, routes, views, workloads
+from rollouts.api import (
+                benchmarks,
+                metric_templates,
+                rollouts,
+                routes,
+                slo_alerts,
+                views,
+                workloads,
+)
 
 router = DefaultRouter()
 router.register("models", views.ModelViewSet, basename="model")
@@ -13,6 +21,7 @@ router.register("rollouts", rollouts.RolloutViewSet, basename="rollout")
 router.register("metric-templates", metric_templates.MetricTemplateViewSet,
                 basename="metric-template")
 router.register("benchmarks", benchmarks.BenchmarkJobViewSet, basename="benchmark")
+router.register("slo-alerts", slo_alerts.SloAlertViewSet, basename="sloalert")
 router.register("workloads", workloads.WorkloadViewSet, basename="workload")
 
 urlpatterns = router.urls

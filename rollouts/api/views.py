@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models import Model as DjangoModel
-from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -29,7 +29,7 @@ from rollouts.api import serializers as s
 from rollouts.api.filters import DeploymentFilter
 from rollouts.deployments import lifecycle as deployments
 from rollouts.loads import requests as loads
-from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion, SloAlert
 from rollouts.registry import approvals
 from rollouts.registry import versions as registry
 from rollouts.traffic import latency
@@ -264,9 +264,14 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
 
     write_roles = {**DEPLOYER_WRITES, "destroy": Membership.Role.ADMIN}
     queryset = Deployment.objects.select_related(
-        "tenant", "model", "cluster", "route"
-    ).prefetch_related("servers")
-    read_only = ("tenant__slug", "model__name", "cluster__name", "route__url", "route__state")
+        "tenant", "model", "cluster", "route", "slo"
+    ).prefetch_related("servers").annotate(alerts_firing=Subquery(
+        SloAlert.objects.filter(deployment=OuterRef("pk"), state=SloAlert.State.FIRING)
+        .values("deployment").annotate(n=Count("pk")).values("n")[:1]
+    ))
+    read_only = ("tenant__slug", "model__name", "cluster__name", "route__url", "route__state",
+                 *(f"slo__{f}" for f in ("state", "since", "reason", "budget_left", "burn_5m", "burn_30m",
+                                         "burn_1h", "burn_6h", "detail", "evaluated_at")))
     serializer_class = s.DeploymentSerializer
     filterset_class = DeploymentRefFilter
 

@@ -43,6 +43,9 @@ class DeploymentForm(DomainForm):
     slo_p99_ms = forms.IntegerField(min_value=1, max_value=INT_MAX, initial=500, label="p99 latency SLO (ms)")
     slo_error_rate = forms.DecimalField(min_value=0, max_value=100, max_digits=5, decimal_places=2,
                                         initial="1.00", label="Error-rate ceiling (%)")
+    slo_window_days = forms.IntegerField(
+        min_value=1, max_value=30, initial=30, label="SLO window (days)",
+        help_text="The error budget is counted over this many days (1 to 30)")
     priority = forms.IntegerField(
         min_value=-1000, max_value=1000, initial=0, required=False,
         help_text="When borrowed quota is reclaimed by a tenant of your cohort, the lowest "
@@ -55,7 +58,8 @@ class DeploymentForm(DomainForm):
                 "name": deployment.name, "model": deployment.model_id,
                 "cluster": deployment.cluster_id, "servers": list(deployment.servers.all()),
                 "production": deployment.production, "slo_p99_ms": deployment.slo_p99_ms,
-                "slo_error_rate": deployment.slo_error_rate, "priority": deployment.priority,
+                "slo_error_rate": deployment.slo_error_rate, "slo_window_days": deployment.slo_window_days,
+                "priority": deployment.priority,
                 "description": deployment.description,
             })
         super().__init__(*args, **kwargs)
@@ -79,7 +83,7 @@ class DeploymentForm(DomainForm):
             servers = servers or list(data["cluster"].servers.all())
         else:
             deployment = Deployment.objects.get(pk=self.deployment.pk)
-        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate"):
+        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate", "slo_window_days"):
             setattr(deployment, name, data[name])
         if data["priority"] is not None:  # left empty: as it was (0 for a new deployment)
             deployment.priority = data["priority"]

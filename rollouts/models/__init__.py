@@ -6,6 +6,7 @@ from .metrics import MetricTemplate
 from .registry import Alias, Model, ModelVersion
 from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
+from .slo import SloAlert, SloStatus
 from .workloads import ServerWorkload
 
 __all__ = [
@@ -25,4 +26,6 @@ __all__ = [
     "Route",
     "RouteRevision",
     "ServerWorkload",
+    "SloAlert",
+    "SloStatus",
 ]

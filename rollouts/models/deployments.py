@@ -43,6 +43,10 @@ class Deployment(models.Model):
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("100"))],
         help_text="Error-rate ceiling in percent",
     )
+    slo_window_days = models.PositiveSmallIntegerField(
+        default=30, validators=[MinValueValidator(1), MaxValueValidator(30)],
+        help_text="1 to 30: the days over which the SLO's error budget is counted",
+    )
     priority = models.IntegerField(
         default=0, validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
         help_text="-1000 to 1000: when a cohort lender reclaims borrowed quota, the versions "

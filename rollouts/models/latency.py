@@ -24,6 +24,10 @@ class LatencyRollup(models.Model):
     minute = models.DateTimeField()
     requests = models.PositiveBigIntegerField(default=0)
     failures = models.PositiveBigIntegerField(default=0)
+    slow = models.PositiveBigIntegerField(
+        default=0, help_text="answered requests slower than the deployment's latency SLO (estimated "
+                             "from the servers' latency distribution)",
+    )
     rps = models.FloatField(default=0.0)
     error_rate = models.FloatField(default=0.0, help_text="percent")
     avg_ms = models.FloatField(null=True, blank=True)

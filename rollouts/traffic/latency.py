@@ -39,6 +39,7 @@ from fleet.adapters.metrics import parsing, rates, scraping
 from fleet.inventory import loadstats
 from fleet.models import InferenceServer
 from rollouts.models import Deployment, LatencyRollup
+from rollouts.slo import counters as slo_counters
 from rollouts.traffic import samples
 
 log = logging.getLogger(__name__)
@@ -111,10 +112,15 @@ def _windows(scraped: Scraped, store: redis.Redis) -> dict[tuple[str, str], Any]
     return {key: rates.window(before.get(key), counters, seconds) for key, counters in current.items()}
 
 
-def _combine(parts: list[Any]) -> dict[str, Any]:
-    """One point from the windows of several servers of one deployment."""
+def _combine(parts: list[Any], slo_ms: float) -> dict[str, Any]:
+    """One point from the windows of several servers of one deployment. ``slow``: the
+    answered requests slower than ``slo_ms`` (the deployment's latency SLO), each server's
+    share of them read off its latency distribution (None where no server has one)."""
     requests = sum(w.requests for w in parts)
     failures = sum(w.failures for w in parts)
+    shares = [(rates.share_over(w.latency_cdf, slo_ms), max(w.requests - w.failures, 0.0)) for w in parts]
+    slow = sum(share * answered for share, answered in shares if share is not None) \
+        if any(share is not None for share, _ in shares) else None
 
     def weighted(name: str) -> float | None:
         pairs = [(getattr(w, name), w.requests) for w in parts if getattr(w, name) is not None]
@@ -133,6 +139,7 @@ def _combine(parts: list[Any]) -> dict[str, Any]:
         "seconds": max(w.seconds for w in parts),
         "requests": requests,
         "failures": failures,
+        "slow": slow,
         "rps": sum(w.rps for w in parts),
         "error_rate": 100.0 * failures / requests if requests else 0.0,
         "avg_ms": weighted("avg_ms"),
@@ -265,7 +272,9 @@ def _write_points(store: redis.Redis, deployment: Deployment,
     now = max(taken[s.pk] for s in deployment.servers.all() if s.pk in taken)
     pipe = store.pipeline()
     for label, parts in grouped.items():
-        point = {"t": now, **_combine(parts)}
+        point = {"t": now, **_combine(parts, deployment.slo_p99_ms)}
+        slo_counters.add(pipe, deployment.pk, requests=point["requests"], failures=point["failures"],
+                         slow=point["slow"] or 0.0)
         key = _series_key(deployment.pk, label)
         pipe.zadd(key, {json.dumps(point): now})
         pipe.zremrangebyscore(key, "-inf", now - WINDOW_S)
@@ -302,6 +311,7 @@ def _roll_up(store: redis.Redis, deployment: Deployment, label: str, now: float)
         return
     requests = sum(p["requests"] for p in points)
     failures = sum(p["failures"] for p in points)
+    slow = sum(p.get("slow") or 0.0 for p in points)
     # The seconds the points cover, not the minute's: scraping may have started mid-minute.
     span = max(sum(p.get("seconds", 0.0) for p in points), 1.0)
 
@@ -318,7 +328,7 @@ def _roll_up(store: redis.Redis, deployment: Deployment, label: str, now: float)
         deployment=deployment, label=label,
         minute=datetime.fromtimestamp(start, tz=UTC),
         defaults={
-            "requests": requests, "failures": failures, "rps": requests / span,
+            "requests": requests, "failures": failures, "slow": round(slow), "rps": requests / span,
             "error_rate": 100.0 * failures / requests if requests else 0.0,
             "avg_ms": mean("avg_ms"), "p50_ms": mean("p50_ms"), "p95_ms": worst("p95_ms"),
             "p99_ms": worst("p99_ms"), "ttft_p50_ms": mean("ttft_p50_ms"),

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from django.db import models
 from django.urls import get_resolver
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet.adapters import kube_workloads as kw
@@ -58,6 +59,7 @@ from rollouts.models import (
     Route,
     RouteRevision,
     ServerWorkload,
+    SloAlert,
 )
 from rollouts.registry import approvals
 from rollouts.workloads import requests as workloads
@@ -313,6 +315,20 @@ class World:
     @cached_property
     def route_b(self) -> Route:
         return self._route(self.deployment_b, self.version_b)
+
+    # --- SLO alerts (as the SLO tick writes them)
+    def _slo_alert(self, deployment: Deployment) -> SloAlert:
+        now = timezone.now()
+        return SloAlert.objects.create(deployment=deployment, rule="fast_burn", sli="errors", summary="burning",
+                                       burn_long=20.0, burn_short=30.0, peak_burn=30.0, opened_at=now)
+
+    @cached_property
+    def slo_alert_a(self) -> SloAlert:
+        return self._slo_alert(self.deployment_a)
+
+    @cached_property
+    def slo_alert_b(self) -> SloAlert:
+        return self._slo_alert(self.deployment_b)
 
     # --- webhooks (public names, as a webhook must have: no test here delivers)
     @cached_property
@@ -704,6 +720,7 @@ OPS: list[Op] = [
        done=lambda w, body: w.request.getfixturevalue("no_broker")
        == [("sync", w.kube_cluster.pk, True)]),
     *read_ops("auditevent", "audit-events", AuditEvent, ("audit_a", "audit_b")),
+    *read_ops("sloalert", "slo-alerts", SloAlert, ("slo_alert_a", "slo_alert_b")),
     # The export streams what the caller may read; other tenants and loners get their own (none
     # of tenant A's).
     Op("auditevent", "export", "GET", "audit-events/export/?as=jsonl", AuditEvent, "bob", 200,

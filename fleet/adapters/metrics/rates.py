@@ -56,6 +56,25 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     return lower + (upper - lower) * (rank - below) / in_bucket
 
 
+def share_over(cdf: Sequence[tuple[float, float]], threshold_ms: float) -> float | None:
+    """The share of requests slower than ``threshold_ms`` read off a window's ``latency_cdf``
+    (points of (ms, share at or below)), interpolated linearly between its points and from
+    (0, 0) up to the first. A histogram's last point is its +Inf bucket, so what is past its
+    last finite bound counts as slower; past a summary's last point (p99: less than 1% of the
+    requests) nothing is known, and nothing counts as slower. None without a distribution."""
+    if not cdf:
+        return None
+    below_ms, below_share = 0.0, 0.0
+    for ms, share in cdf:
+        if threshold_ms < ms:
+            if math.isinf(ms):
+                return max(0.0, 1.0 - below_share)
+            fraction = (threshold_ms - below_ms) / (ms - below_ms) if ms > below_ms else 1.0
+            return max(0.0, 1.0 - (below_share + (share - below_share) * fraction))
+        below_ms, below_share = ms, share
+    return 0.0
+
+
 def nearest_quantile(target: float, available: Iterable[float]) -> float | None:
     """The quantile in ``available`` closest to ``target`` (the higher one on a tie)."""
     choices = sorted(available)
@@ -85,6 +104,18 @@ def _per_series_delta(prev: float | None, cur: float) -> float:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+def _histogram_cdf(hist: Histogram) -> tuple[tuple[float, float], ...]:
+    """(ms, share at or below) at each bucket bound of a histogram's observations."""
+    total = max((count for _, count in hist.buckets), default=0.0)
+    if total <= 0:
+        return ()
+    highest, points = 0.0, []
+    for le, count in sorted(hist.buckets):
+        highest = max(highest, count)
+        points.append((le * 1000.0, highest / total))  # +Inf stays: what is past the last bound
+    return tuple(points)
 
 
 def window(prev: Counters | None, cur: Counters, seconds: float) -> Window:
@@ -138,9 +169,14 @@ def window(prev: Counters | None, cur: Counters, seconds: float) -> Window:
     p50 = p95 = p99 = None
     source: dict[str, float] = {}
     available = tuple(sorted(cur.quantiles_us))
+    cdf: tuple[tuple[float, float], ...] = ()
     if "e2e" in hist_delta:
         p50, p95, p99 = hist_q("e2e", 0.5), hist_q("e2e", 0.95), hist_q("e2e", 0.99)
+        cdf = _histogram_cdf(hist_delta["e2e"])
     elif available and measured > 0:
+        # A summary's quantiles can cross by a hair (each is estimated on its own).
+        values = [cur.quantiles_us[q] / 1000.0 for q in available]
+        cdf = tuple((max(values[: i + 1]), q) for i, q in enumerate(available))
         picked = []
         for label, target in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
             q = nearest_quantile(target, available)
@@ -174,6 +210,7 @@ def window(prev: Counters | None, cur: Counters, seconds: float) -> Window:
         reset=reset,
         quantile_source=source,
         quantiles_available=available,
+        latency_cdf=cdf,
     )
 
 

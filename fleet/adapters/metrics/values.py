@@ -141,6 +141,10 @@ class Window:
     reset: bool = False
     quantile_source: dict[str, float] = field(default_factory=dict)
     quantiles_available: tuple[float, ...] = ()
+    #: The request durations' distribution as (ms, share at or below), ascending: vLLM's e2e
+    #: histogram buckets of the window (+Inf last), Triton's summary quantiles; empty when
+    #: neither (``rates.share_over`` reads it).
+    latency_cdf: tuple[tuple[float, float], ...] = ()
 
 
 #: One request seen by a traffic proxy: (variant, latency in ms, ok).
