@@ -119,7 +119,7 @@ def _kserve(deployment: Deployment, version: ModelVersion, server: InferenceServ
         found.note = f"{server.name} did not say ({exc}); shown from v{version.version}'s registered config"
         found.inputs, found.outputs = _from_config(version, "input"), _from_config(version, "output")
         found.source = "config"
-    body = json.dumps({"inputs": [_example(tensor) for tensor in found.inputs]})
+    body = json.dumps(example_body(found))
     found.curl = (
         f"# the model's inputs and outputs\n"
         f"curl -s {base}{path}\n"
@@ -141,8 +141,7 @@ def _openai(deployment: Deployment, version: ModelVersion, server: InferenceServ
         inputs=[{"name": "messages", "datatype": "chat messages", "shape": "[{role, content}, …]"}],
         outputs=[{"name": "choices[0].message.content", "datatype": "text", "shape": ""}],
     )
-    body = json.dumps({"model": served, "messages": [{"role": "user", "content": "Hello"}],
-                       "max_tokens": 32})
+    body = json.dumps(example_body(found))
     found.curl = (f"curl -s {found.endpoint}{_sticky(route)} "
                   f"-H 'Content-Type: application/json' -d {shlex.quote(body)}")
     return found
@@ -169,6 +168,16 @@ def _from_config(version: ModelVersion, key: str) -> list[dict[str, Any]]:
 
 
 EXAMPLE_VALUES = {"BYTES": "text", "BOOL": False}
+
+
+def example_body(found: CallGuide) -> dict[str, Any]:
+    """The JSON body of one inference the guide's model answers: a KServe v2 request with
+    every input the model declares, or an OpenAI chat completion (the curl example's body,
+    and what ``manage.py demo_traffic`` sends)."""
+    if found.protocol == OPENAI:
+        return {"model": found.model, "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 32}
+    return {"inputs": [_example(tensor) for tensor in found.inputs]}
 
 
 def _example(tensor: dict[str, Any]) -> dict[str, Any]:
