@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
@@ -20,6 +22,9 @@ class DomainForm(forms.Form):
     """
 
     status_code = 400
+    # What the ids of its fields' messages start with (``<prefix><name>-error``), where a
+    # page shows another form with fields of the same names.
+    error_id_prefix = ""
 
     def __init__(self, *args: Any, actor: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,3 +53,32 @@ class DomainForm(forms.Form):
                     self.add_error(None, [f"{name}: {m}" for m in messages])
             self.status_code = 400
             return None
+
+
+@dataclass(frozen=True)
+class FormAlert:
+    """What the top of a page says about a form that came back refused: how many of its
+    fields need a change and where the first one is (``#<name>-error``, the id every field's
+    message carries), or the refusal itself when it names no field."""
+
+    fields: int
+    first_label: str
+    anchor: str
+    refusals: list[str]
+
+
+def form_alert(values: Iterable[Any]) -> FormAlert | None:
+    """The alert for the first bound form with errors among ``values`` (a page's context)."""
+    for value in values:
+        if not (isinstance(value, forms.BaseForm) and value.is_bound and value.errors):
+            continue
+        named = [bf for bf in value if bf.errors]
+        refusals = [str(e) for e in value.non_field_errors()]
+        refusals += [f"{bf.label}: {e}" for bf in named if bf.is_hidden for e in bf.errors]
+        visible = [bf for bf in named if not bf.is_hidden]
+        if not visible:
+            return FormAlert(fields=0, first_label="", anchor="", refusals=refusals)
+        prefix = getattr(value, "error_id_prefix", "")
+        return FormAlert(fields=len(visible), first_label=str(visible[0].label),
+                         anchor=f"{prefix}{visible[0].name}-error", refusals=refusals)
+    return None

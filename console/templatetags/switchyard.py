@@ -10,6 +10,9 @@ from django.urls import ResolverMatch
 from django.utils import timezone
 from django.utils.html import format_html
 
+from console.forms import FormAlert
+from console.forms import form_alert as alert_for
+
 register = template.Library()
 
 
@@ -146,3 +149,9 @@ def current_section(context: template.Context) -> str:
     """``{% current_section as section %}``: :func:`nav_section` of the page being rendered."""
     request = context.get("request")
     return nav_section(getattr(request, "resolver_match", None))
+
+
+@register.simple_tag(takes_context=True)
+def form_alert(context: template.Context) -> FormAlert | None:
+    """``{% form_alert as alert %}``: what the top of the page says about a refused form."""
+    return alert_for(context.flatten().values())

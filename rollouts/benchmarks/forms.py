@@ -51,6 +51,7 @@ class BenchmarkStartForm(DomainForm):
     """
 
     FIELD_OF = {"slo": "slo_p99_ms", "configs": "instance_counts"}
+    error_id_prefix = "bench-"  # the deployment page's load form has a version field too
 
     version = forms.TypedChoiceField(
         coerce=int, label="Version",

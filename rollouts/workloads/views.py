@@ -75,6 +75,7 @@ def panel_context(request: HttpRequest, deployment: Deployment, *,
         "in_flight": any(row.state in ServerWorkload.IN_FLIGHT for row in rows),
         "can_deploy": can_deploy,
         "create_form": create_form if can_deploy else None,
+        "action_form": action_form,  # a refused action: the page's top says so
     }
 
 

@@ -107,7 +107,7 @@ def test_json_that_does_not_parse_says_where_under_its_field(dave, model):
     assert response.status_code == 400
     assert field_errors(response, "triton_config") == [
         "not valid JSON: Expecting property name enclosed in double quotes at line 3, column 1"]
-    assert 'id="version-errors"' in response.content.decode()
+    assert 'id="form-alert"' in response.content.decode()
 
 
 @pytest.mark.parametrize(
