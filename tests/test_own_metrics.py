@@ -259,8 +259,10 @@ def test_the_prometheus_config_scrapes_switchyard_with_its_token(tmp_path):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (apt-get install -y prometheus)")
-    # As the compose service lays it out: the token written next to a copy of the config.
+    # As the compose service lays it out: the token written next to a copy of the config
+    # and of the rules it loads.
     shutil.copy(PROMETHEUS_CONFIG, tmp_path / "prometheus.yml")
+    shutil.copy(PROMETHEUS_CONFIG.with_name("slo-rules.yml"), tmp_path / "slo-rules.yml")
     (tmp_path / "metrics-token").write_text("a-token")
     done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
                           capture_output=True, text=True, timeout=60)
