@@ -15,6 +15,7 @@ from fleet.audit import export as audit_export_domain
 from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
 from fleet.quota.admission import usage_for
 from rollouts.models import Deployment, Model, ModelVersion
+from rollouts.slo import pages as slo_pages
 
 
 @login_required
@@ -35,6 +36,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "recent": AuditEvent.objects.visible_to(user).select_related("tenant")[:8],
         "tenants": Tenant.objects.visible_to(user),
         "now": timezone.now(),
+        "slo": slo_pages.summary(user),
     }
     return render(request, "console/dashboard.html", context)
 

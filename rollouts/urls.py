@@ -5,6 +5,7 @@ from rollouts.canary import views as rollout_views
 from rollouts.deployments import views as deployment_views
 from rollouts.loads import views as load_views
 from rollouts.registry import views as registry_views
+from rollouts.slo import views as slo_views
 from rollouts.traffic import views as traffic_views
 from rollouts.workloads import views as workload_views
 
@@ -25,6 +26,8 @@ urlpatterns = [
     path("deployments/<int:pk>/edit/", deployment_views.deployment_edit, name="deployment-edit"),
     path("deployments/<int:pk>/loads/", load_views.deployment_loads, name="deployment-loads"),
     path("deployments/<int:pk>/call/", deployment_views.deployment_call, name="deployment-call"),
+    path("deployments/<int:pk>/slo/", slo_views.deployment_slo, name="deployment-slo"),
+    path("slo/", slo_views.slo_summary, name="slo-summary"),
     path("deployments/<int:pk>/load/", load_views.deployment_load_action, name="deployment-load"),
     path("deployments/<int:pk>/delete/", deployment_views.deployment_delete, name="deployment-delete"),
     path("deployments/<int:pk>/route/", traffic_views.deployment_route, name="deployment-route"),

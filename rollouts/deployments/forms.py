@@ -44,7 +44,7 @@ class DeploymentForm(DomainForm):
     slo_error_rate = forms.DecimalField(min_value=0, max_value=100, max_digits=5, decimal_places=2,
                                         initial="1.00", label="Error-rate ceiling (%)")
     slo_window_days = forms.IntegerField(
-        min_value=1, max_value=30, initial=30, label="SLO window (days)",
+        min_value=1, max_value=30, initial=30, required=False, label="SLO window (days)",
         help_text="The error budget is counted over this many days (1 to 30)")
     priority = forms.IntegerField(
         min_value=-1000, max_value=1000, initial=0, required=False,
@@ -83,8 +83,10 @@ class DeploymentForm(DomainForm):
             servers = servers or list(data["cluster"].servers.all())
         else:
             deployment = Deployment.objects.get(pk=self.deployment.pk)
-        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate", "slo_window_days"):
+        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate"):
             setattr(deployment, name, data[name])
+        if data["slo_window_days"] is not None:  # left empty: as it was (30 for a new deployment)
+            deployment.slo_window_days = data["slo_window_days"]
         if data["priority"] is not None:  # left empty: as it was (0 for a new deployment)
             deployment.priority = data["priority"]
         deployment.name = deployment.name.strip()

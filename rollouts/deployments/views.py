@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
@@ -19,7 +20,7 @@ from rollouts.deployments import calling
 from rollouts.deployments import lifecycle as deployments
 from rollouts.deployments.forms import DeploymentDeleteForm, DeploymentForm
 from rollouts.deployments.pages import render_deployment, visible_deployment
-from rollouts.models import Deployment
+from rollouts.models import Deployment, SloStatus
 
 
 @login_required
@@ -29,10 +30,18 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     visible = Deployment.objects.visible_to(request.user)
     deployments = (
         visible.filter(archived_at__isnull=not archived)
-        .select_related("tenant", "model", "cluster")
+        .select_related("tenant", "model", "cluster", "slo")
         .prefetch_related("servers")
     )
+    wanted = [s for s in request.GET.getlist("slo_status") if s in SloStatus.State.values]
+    if wanted:
+        found = Q(slo__state__in=wanted)
+        if SloStatus.State.NO_TRAFFIC in wanted:
+            found |= Q(slo__isnull=True)
+        deployments = deployments.filter(found)
     context = {
+        "slo_states": SloStatus.State.choices,
+        "slo_wanted": wanted,
         "page": paginate(request, deployments),
         "qs": querystring_without_page(request),
         "archived": archived,

@@ -73,6 +73,14 @@ class Deployment(models.Model):
         return f"{self.tenant}/{self.name}"
 
     @property
+    def slo_or_none(self) -> models.Model | None:
+        """Its SLO status (``rollouts.slo``), None before the first evaluation."""
+        try:
+            return self.slo  # type: ignore[attr-defined]
+        except models.ObjectDoesNotExist:
+            return None
+
+    @property
     def is_archived(self) -> bool:
         return self.archived_at is not None
 

@@ -50,6 +50,10 @@ class SloStatus(models.Model):
     def __str__(self) -> str:
         return f"{self.deployment}: {self.state}"
 
+    @property
+    def budget_left_pct(self) -> float | None:
+        return None if self.budget_left is None else self.budget_left * 100
+
 
 class SloAlert(models.Model):
     """One burn-rate alert on one deployment's objective, from opened to resolved.

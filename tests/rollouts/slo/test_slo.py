@@ -23,11 +23,11 @@ NOW = datetime(2026, 11, 28, 12, 0, 30, tzinfo=UTC)
 
 
 def minutes(deployment, start_min_ago: int, end_min_ago: int, *, rpm: int, failed: float = 0.0,
-            slow: float = 0.0, label: str = "v1") -> None:
+            slow: float = 0.0, label: str = "v1", now: datetime = NOW) -> None:
     """One rollup row a minute from ``start_min_ago`` to ``end_min_ago`` (both included)
-    minutes before NOW's minute, with ``rpm`` requests, a share ``failed`` failing and a
+    minutes before ``now``'s minute, with ``rpm`` requests, a share ``failed`` failing and a
     share ``slow`` of the answered ones slower than the SLO."""
-    floor = NOW.replace(second=0)
+    floor = now.replace(second=0, microsecond=0)
     span = [floor - timedelta(minutes=ago) for ago in range(end_min_ago, start_min_ago + 1)]
     LatencyRollup.objects.filter(deployment=deployment, label=label, minute__in=span).delete()
     failures = round(rpm * failed)
