@@ -14,6 +14,7 @@ from console.forms import FormAlert
 from console.forms import form_alert as alert_for
 
 register = template.Library()
+NO_VALUE = "\u2013"  # what a number that is not there reads as (an en dash)
 
 
 def _ago_text(seconds: int) -> str:
@@ -155,3 +156,33 @@ def current_section(context: template.Context) -> str:
 def form_alert(context: template.Context) -> FormAlert | None:
     """``{% form_alert as alert %}``: what the top of the page says about a refused form."""
     return alert_for(context.flatten().values())
+
+
+@register.filter
+def sig(value: object) -> str:
+    """A number to three significant digits: a tiny one in scientific notation (1.2e-05),
+    never rounded away to 0.0000; a dash for none."""
+    if value is None or value == "":
+        return NO_VALUE
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    if number == 0:
+        return "0"
+    if abs(number) >= 1000:
+        return f"{number:.0f}"
+    return f"{number:.3g}"
+
+
+@register.filter
+def gate_badge(gate: dict, analysis: object) -> str:
+    """An SLO gate's badge on an analysis: "over" once it fails, "waiting (4 of 100)" until
+    the canary has the requests the step asks for, else its state."""
+    if gate.get("state") == "fail":
+        return "over"
+    have = (getattr(analysis, "judgement", None) or {}).get("canary_samples") or 0
+    need = (getattr(analysis, "config", None) or {}).get("min_samples") or 0
+    if have < need:
+        return f"waiting ({have} of {need})"
+    return str(gate.get("state") or "waiting")

@@ -136,9 +136,10 @@ def chart_window(rollout: Rollout) -> int:
     return int(min(CHART_WINDOW_S, max(120, end - start + 30)))
 
 
-def latest_analysis(rollout: Rollout) -> RolloutAnalysis | None:
-    return (RolloutAnalysis.objects.filter(rollout=rollout, attempt=rollout.attempt)
-            .order_by("-updated_at", "-id").first())
+def latest_analysis(analyses: list[RolloutAnalysis], attempt: int) -> RolloutAnalysis | None:
+    """The analysis of ``attempt`` last written, among the rollout's ``analyses``."""
+    found = [a for a in analyses if a.attempt == attempt]
+    return max(found, key=lambda a: (a.updated_at, a.pk)) if found else None
 
 
 def _versions_of_variants(deployment_id: int) -> dict[str, int]:

@@ -64,12 +64,15 @@ def rollout_list(request: HttpRequest) -> HttpResponse:
 
 
 def _live_context(rollout: Rollout) -> dict[str, Any]:
+    # "Latest analysis" and the Analyses panel are drawn from the same rows, read once.
+    analyses = list(rollout.analyses.order_by("-attempt", "step_index"))
     return {
         "rollout": rollout,
         "steps": step_rows(rollout),
         "step_text": step_summary(rollout),
         "weights": weight_rows(rollout),
-        "latest": latest_analysis(rollout),
+        "analyses": analyses,
+        "latest": latest_analysis(analyses, rollout.attempt),
         "recent_events": list(rollout.events.order_by("-created_at", "-id")[:LIVE_EVENTS])[::-1],
     }
 
@@ -79,7 +82,6 @@ def _render_rollout(request: HttpRequest, rollout: Rollout, form: RolloutActionF
     events = list(rollout.events.order_by("-created_at", "-id")[:TIMELINE_MAX])[::-1]
     context = _live_context(rollout) | actions_for(request.user, rollout) | {
         "form": form,
-        "analyses": rollout.analyses.order_by("-attempt", "step_index"),
         "approvals": rollout.approvals.select_related("approved_by"),
         "events": events,
         "events_cut": rollout.events.count() > len(events),
@@ -105,8 +107,9 @@ def rollout_status(request: HttpRequest, pk: int) -> HttpResponse:
     page is reloaded too, so its buttons and history match the new state."""
     rollout = _rollout(request, pk)
     status = HTMX_STOP_POLLING if rollout.state in Rollout.FINAL else 200
-    response = render(request, "rollouts/partials/rollout_status.html", _live_context(rollout),
-                      status=status)
+    # The Analyses panel comes along (out of band), so it never lags "Latest analysis".
+    response = render(request, "rollouts/partials/rollout_status.html",
+                      _live_context(rollout) | {"oob": True}, status=status)
     seen = request.GET.get("seen")
     if request.htmx and seen and seen != f"{rollout.state}:{rollout.attempt}":
         response["HX-Refresh"] = "true"
