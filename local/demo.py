@@ -20,13 +20,15 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from console.exceptions import DomainError
 from fleet import audit
 from fleet.models import GPU, Cluster, Cohort, InferenceServer, Membership, Node, Quota, Tenant
 from local import cluster as local_cluster
 from local.triton import DEMO_MODELS_DIR
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
-from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion
+from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion, Route
+from rollouts.traffic import routes
 
 Role = Membership.Role
 Status = ModelVersion.Status
@@ -137,7 +139,8 @@ def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
     if vllm is not None:
         load_reconciler.forget_server_state(vllm, "the local vLLM restarted")
     started: list[ModelLoad] = []
-    for deployment in Deployment.objects.filter(cluster=server.cluster).select_related("model", "tenant"):
+    deployments = Deployment.objects.filter(cluster=server.cluster).select_related("model", "tenant")
+    for deployment in deployments.order_by("pk"):
         on_vllm = deployment.servers.filter(runtime=InferenceServer.Runtime.VLLM).exists()
         if on_vllm and not with_vllm:
             continue
@@ -148,6 +151,40 @@ def request_demo_loads(with_vllm: bool = False) -> list[ModelLoad]:
             rows, _ = loads.request_load(deployer.user, deployment, version)
             started.extend(rows)
     return started
+
+
+def route_ports() -> dict[str, int]:
+    """The port each demo deployment on the local Triton gets at a fresh start
+    (:func:`route_in_order` routes them in this order, each on the first free port)."""
+    server = InferenceServer.objects.filter(name=local_cluster.SERVER_NAME,
+                                            cluster__name=local_cluster.CLUSTER_NAME).first()
+    deployments = Deployment.objects.filter(servers=server).order_by("pk")
+    ports = list(settings.SWITCHYARD_ROUTE_PORTS)
+    return {deployment.name: ports[i] for i, deployment in enumerate(deployments)}
+
+
+def route_in_order(started: list[ModelLoad], max_steps: int = 60) -> list[Route]:
+    """Carry out the demo's Triton loads here, one deployment after the other in the order
+    they were made, and give each deployment its route as soon as its version is ready.
+
+    Routes take the first free port of ``SWITCHYARD_ROUTE_PORTS`` when they are made, so
+    this gives the demo the same ports at every fresh start (``fraud-scorer-prod`` 18100,
+    ``sentiment-prod`` 18101: the README and docs/operations.md name them); left to the
+    worker, whichever load was ready first would take 18100. Loads onto vLLM and any load
+    that does not settle here are left to the worker, and their routes to beat's route tick.
+    """
+    made: list[Route] = []
+    for load in sorted(started, key=lambda row: row.deployment_id):
+        if load.server.runtime != InferenceServer.Runtime.TRITON:
+            continue
+        if load_reconciler.run_to_end(load.pk, max_steps).state != ModelLoad.State.READY:
+            continue
+        try:
+            route, _made_now = routes.ensure_route(None, load.deployment)
+        except DomainError:
+            continue  # beat's route tick tries again, and logs why
+        made.append(route)
+    return made
 
 
 def seed_vllm(s3_endpoint: str) -> None:

@@ -369,9 +369,11 @@ def demo_world(settings, monkeypatch, tmp_path, moto_s3, local_triton, use_route
     # to answer as documented, so none is sent to a broker.
     sent_tasks.catch(monkeypatch, "rollouts.tasks.advance_rollout", lambda rollout_id: None)
     try:
-        for load in demo.request_demo_loads():
-            assert reconciler.run_to_end(load.pk, max_steps=40).state == ModelLoad.State.READY
-        routes.ensure_routes()
+        # As `seed_demo --load` does: each load carried out and routed in turn, so the routes
+        # take the ports the README and docs/operations.md name (the first free ones).
+        made = demo.route_in_order(demo.request_demo_loads())
+        assert {route.deployment.name: int(route.url.rsplit(":", 1)[1]) for route in made} == (
+            demo.route_ports())
         # alice makes the admin token on the console's API tokens page.
         alice = get_user_model().objects.get(username="alice")
         admin = tokens.issue(alice, Tenant.objects.get(slug="acme"), "alice-admin",

@@ -136,7 +136,7 @@ class Command(BaseCommand):
             assert seed.popen is not None
             if seed.popen.wait() != 0:
                 raise CommandError(f"seeding the demo failed:\n{seed.tail()}")
-            self.stdout.write("Demo data seeded; artifacts uploaded; loads of approved versions requested")
+            self.stdout.write("Demo data seeded; artifacts uploaded; approved versions loading")
 
             celery = [python, "-m", "celery", "-A", "console"]
             for child in [
@@ -195,8 +195,9 @@ class Command(BaseCommand):
     def _banner(self, port: int, password: str, logs: Path) -> None:
         self.stdout.write(self.style.SUCCESS(f"\nSwitchyard is running: http://127.0.0.1:{port}/"))
         self.stdout.write(
-            f"Log in as alice (acme admin), erin (approver), dave (deployer), bob (viewer), "
-            f"charlie (globex admin) or root (platform admin); password: {password}\n"
+            f"Log in as alice (acme admin), erin (acme approver), dave (acme deployer), bob (acme "
+            f"viewer), charlie (globex admin), grace (globex approver) or root (platform admin); "
+            f"password: {password}\n"
             f"API docs: http://127.0.0.1:{port}/api/docs/   Logs: {logs}\n"
             "Press Ctrl-C to stop everything."
         )

@@ -21,7 +21,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--load", action="store_true",
-            help="then load the approved versions onto the local Triton (a worker does the work)",
+            help="then load the approved versions: onto the local Triton here, one deployment "
+            "after the other, each given its route once ready (so the route ports are the same "
+            "at every start); onto vLLM by a worker",
         )
 
     def handle(
@@ -37,3 +39,5 @@ class Command(BaseCommand):
         if load:
             started = demo.request_demo_loads(with_vllm=vllm)
             self.stdout.write(f"requested {len(started)} model load{'' if len(started) == 1 else 's'}")
+            for route in demo.route_in_order(started):
+                self.stdout.write(f"route of {route.deployment.name}: {route.url}")
