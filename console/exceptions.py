@@ -2,23 +2,101 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
 
 class DomainError(Exception):
-    """A refusal the caller can act on. ``field`` names the input at fault, when there is one."""
+    """A refusal the caller can act on. ``field`` names the input at fault, when there is one;
+    ``also`` the other fields of the same request refused with it (:class:`FieldErrors`), so
+    that one answer names every field to change."""
 
     status_code = 400
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None,
+                 also: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.also = {name: list(messages) for name, messages in (also or {}).items()}
+
+    def by_field(self) -> dict[str | None, list[str]]:
+        """Every message, by the field it is about (None: the request as a whole)."""
+        found: dict[str | None, list[str]] = {self.field: [self.message]}
+        for name, messages in self.also.items():
+            found.setdefault(name, []).extend(m for m in messages if m not in found.get(name, []))
+        return found
 
     def as_dict(self) -> dict[str, list[str]] | dict[str, str]:
         if self.field:
-            return {self.field: [self.message]}
+            return {str(name): messages for name, messages in self.by_field().items()}
         return {"detail": self.message}
+
+    def renamed(self, rename: Callable[[str | None, str], tuple[str | None, str]]) -> DomainError:
+        """The same refusal with each (field, message) as ``rename`` puts it (an API keys a
+        nested path by the body's field, a form by its own field)."""
+        given = [(name, message) for name, messages in self.by_field().items()
+                 for message in messages]
+        pairs = [rename(name, message) for name, message in given]
+        if pairs == given:
+            return self
+        (field, message), rest = pairs[0], pairs[1:]
+        also: dict[str, list[str]] = {}
+        for name, text in rest:
+            also.setdefault(str(name), []).append(text)
+        kwargs: dict[str, Any] = {"field": field}
+        if also:
+            kwargs["also"] = also
+        return type(self)(message, **kwargs)
+
+
+class FieldErrors:
+    """The refusals of a request's checks, gathered so that one answer names every field at
+    fault rather than the first::
+
+        errors = FieldErrors()
+        with errors.gather():
+            seconds = specs.duration_s(duration_s)
+        ...
+        errors.raise_any()
+
+    A refusal of the input (a 400 naming a field) is kept and the block left; anything else
+    (a Conflict with the state, a refusal of no field) is raised at once. Checks that need an
+    earlier one's result run only when it passed (:meth:`refused`).
+    """
+
+    def __init__(self) -> None:
+        self.found: list[DomainError] = []
+
+    @contextmanager
+    def gather(self) -> Iterator[None]:
+        try:
+            yield
+        except DomainError as exc:
+            if exc.status_code != 400 or not exc.field:
+                raise
+            self.found.append(exc)
+
+    def refused(self, *fields: str) -> bool:
+        """Whether any of ``fields`` (or a path under one) was refused."""
+        return any(str(name).split(".")[0].split("[")[0] in fields
+                   for exc in self.found for name in exc.by_field())
+
+    def raise_any(self) -> None:
+        """Raise what was gathered: the one refusal, or one naming every field."""
+        if not self.found:
+            return
+        first, *rest = self.found
+        if not rest:
+            raise first
+        also = {name: list(messages) for name, messages in first.also.items()}
+        for exc in rest:
+            for name, messages in exc.by_field().items():
+                also.setdefault(str(name), []).extend(messages)
+        raise DomainError(first.message, field=first.field, also=also)
 
 
 class Conflict(DomainError):
@@ -38,8 +116,9 @@ class QuotaExceeded(DomainError):
     status_code = 409
 
     def __init__(self, message: str, *, field: str | None = None,
+                 also: dict[str, list[str]] | None = None,
                  reclaimable: tuple = (), reclaim_policy: str = "") -> None:
-        super().__init__(message, field=field)
+        super().__init__(message, field=field, also=also)
         self.reclaimable = tuple(reclaimable)
         self.reclaim_policy = reclaim_policy
 

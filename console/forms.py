@@ -8,6 +8,8 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.http import HttpRequest
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from console.exceptions import DomainError, messages_by_field
 
@@ -40,7 +42,8 @@ class DomainForm(forms.Form):
         try:
             return self.perform()
         except DomainError as exc:
-            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+            for name, messages in exc.by_field().items():
+                self.add_error(name if name in self.fields else None, messages)
             self.status_code = exc.status_code
             return None
         except ValidationError as exc:
@@ -82,3 +85,13 @@ def form_alert(values: Iterable[Any]) -> FormAlert | None:
         return FormAlert(fields=len(visible), first_label=str(visible[0].label),
                          anchor=f"{prefix}{visible[0].name}-error", refusals=refusals)
     return None
+
+
+def next_or(request: HttpRequest, fallback: str) -> str:
+    """Where a form sent from a list (the approvals queue) goes back to: its ``next`` when
+    that is a path of this site, else ``fallback``."""
+    target = request.POST.get("next", "")
+    if target.startswith("/") and url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return target
+    return fallback

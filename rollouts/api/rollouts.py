@@ -207,11 +207,15 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
 def named_at_the_top(exc: DomainError) -> DomainError:
     """The domain names the path at fault (``steps[2]``, ``analysis.alpha``); the API keys
     errors by the body's field and puts the path in front of the message, as the parser does."""
-    field = exc.field or ""
-    match = TOP_FIELD.match(field)
-    if match is None or match.group() == field:
+    def top(field: str | None, message: str) -> tuple[str | None, str]:
+        match = TOP_FIELD.match(field or "")
+        if field is None or match is None or match.group() == field:
+            return field, message
+        return match.group(), f"{field}: {message}"
+
+    if all(top(name, "")[0] == name for name in exc.by_field()):
         return exc
-    return type(exc)(f"{field}: {exc.message}", field=match.group())
+    return exc.renamed(top)
 
 
 # --------------------------------------------------------------------------------------------

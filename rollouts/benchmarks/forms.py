@@ -124,12 +124,14 @@ class BenchmarkStartForm(DomainForm):
         return job
 
     def _on_field(self, exc: DomainError) -> DomainError:
-        field = exc.field or ""
-        base = re.split(r"[.\[]", field, maxsplit=1)[0]
-        target = self.FIELD_OF.get(base, base)
-        if target not in self.fields or target == field:
-            return exc
-        return type(exc)(f"{field}: {exc.message}", field=target)
+        def on_field(field: str | None, message: str) -> tuple[str | None, str]:
+            base = re.split(r"[.\[]", field or "", maxsplit=1)[0]
+            target = self.FIELD_OF.get(base, base)
+            if target not in self.fields or target == field:
+                return field, message
+            return target, f"{field}: {message}"
+
+        return exc.renamed(on_field)
 
 
 class BenchmarkActionForm(DomainForm):

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.celery import send_now
-from console.exceptions import Conflict, DomainError, QuotaExceeded
+from console.exceptions import Conflict, DomainError, FieldErrors, QuotaExceeded
 from fleet import audit
 from fleet.audit import actor_label
 from fleet.models import InferenceServer, Membership
@@ -105,33 +105,52 @@ def create_job(
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     if deployment.archived_at is not None:
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
-    number = version
-    if isinstance(number, bool) or not isinstance(number, int):
-        raise DomainError("a version number", field="version")
-    found = deployment.model.versions.filter(version=number).first()
-    if found is None:
-        raise DomainError(f"{deployment.model.name} has no version {number}", field="version")
-    target = _server(deployment, server)
-    if mode not in BenchmarkJob.Mode.values:
-        raise DomainError(f"one of {', '.join(BenchmarkJob.Mode.values)}", field="mode")
-    chosen_protocol = protocol_for(found, target, protocol)
-    parsed_configs = parse_configs(configs, found)
-    fields: dict[str, Any] = {
-        "version": found, "server": target, "protocol": chosen_protocol, "mode": mode,
-        "levels": parse_levels(levels if levels is not None else
-                               ([1, 2, 4, 8, 16] if mode == BenchmarkJob.Mode.CONCURRENCY
-                                else [10, 50, 100, 200]), mode),
-        "duration_s": positive_number(duration_s, "duration_s", LIMITS["duration_s"]),
-        "warmup_s": at_least_zero(warmup_s, "warmup_s", LIMITS["warmup_s"]),
-        "max_requests": int(at_least_zero(max_requests, "max_requests", LIMITS["max_requests"],
-                                           integer=True)),
-        "refine_steps": int(at_least_zero(refine_steps, "refine_steps", LIMITS["refine_steps"],
-                                           integer=True)),
-        "error_limit": positive_number(error_limit, "error_limit", 1.0),
-        "slo": slo_for(deployment, slo),
-        "request": parse_request(request, chosen_protocol),
-        "configs": parsed_configs,
-    }
+    # Every field the request got wrong is named in one answer; checks that need the version,
+    # the server or the protocol run once those passed.
+    errors = FieldErrors()
+    found, target, chosen_protocol = None, None, None
+    parsed_configs: list[dict[str, Any]] = []
+    fields: dict[str, Any] = {"mode": mode}
+    with errors.gather():
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise DomainError("a version number", field="version")
+        found = deployment.model.versions.filter(version=version).first()
+        if found is None:
+            raise DomainError(f"{deployment.model.name} has no version {version}", field="version")
+    with errors.gather():
+        target = _server(deployment, server)
+    with errors.gather():
+        if mode not in BenchmarkJob.Mode.values:
+            raise DomainError(f"one of {', '.join(BenchmarkJob.Mode.values)}", field="mode")
+        fields["levels"] = parse_levels(levels if levels is not None else
+                                        ([1, 2, 4, 8, 16] if mode == BenchmarkJob.Mode.CONCURRENCY
+                                         else [10, 50, 100, 200]), mode)
+    for name, check in [
+        ("duration_s", lambda: positive_number(duration_s, "duration_s", LIMITS["duration_s"])),
+        ("warmup_s", lambda: at_least_zero(warmup_s, "warmup_s", LIMITS["warmup_s"])),
+        ("max_requests", lambda: int(at_least_zero(max_requests, "max_requests",
+                                                   LIMITS["max_requests"], integer=True))),
+        ("refine_steps", lambda: int(at_least_zero(refine_steps, "refine_steps",
+                                                   LIMITS["refine_steps"], integer=True))),
+        ("error_limit", lambda: positive_number(error_limit, "error_limit", 1.0)),
+        ("slo", lambda: slo_for(deployment, slo)),
+    ]:
+        with errors.gather():
+            fields[name] = check()
+    if found is not None:
+        with errors.gather():
+            parsed_configs = parse_configs(configs, found)
+        if target is not None:
+            with errors.gather():
+                chosen_protocol = protocol_for(found, target, protocol)
+                fields["request"] = parse_request(request, chosen_protocol)
+    errors.raise_any()
+    assert found is not None and target is not None  # else an error was raised
+    fields = {"version": found, "server": target, "protocol": chosen_protocol, "mode": mode,
+              "levels": fields["levels"], "duration_s": fields["duration_s"],
+              "warmup_s": fields["warmup_s"], "max_requests": fields["max_requests"],
+              "refine_steps": fields["refine_steps"], "error_limit": fields["error_limit"],
+              "slo": fields["slo"], "request": fields["request"], "configs": parsed_configs}
     if parsed_configs and ModelLoad.objects.filter(
             server=target, version__model=found.model, state__in=[ModelLoad.State.READY, *ModelLoad.IN_FLIGHT],
     ).exists():

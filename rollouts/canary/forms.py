@@ -169,13 +169,15 @@ class RolloutStartForm(DomainForm):
     def _on_field(self, exc: DomainError) -> DomainError:
         """The refusal of a nested input (``steps[2]``) on its field (``steps``), the path
         leading the message; those of the settings on ``analysis``."""
-        field = exc.field or ""
-        base = re.split(r"[.\[]", field, maxsplit=1)[0]
-        if base == "analysis_settings":
-            base = "analysis"
-        if base not in self.fields or base == field:
-            return exc
-        return type(exc)(f"{field}: {exc.message}", field=base)
+        def on_field(field: str | None, message: str) -> tuple[str | None, str]:
+            base = re.split(r"[.\[]", field or "", maxsplit=1)[0]
+            if base == "analysis_settings":
+                base = "analysis"
+            if base not in self.fields or base == field:
+                return field, message
+            return base, f"{field}: {message}"
+
+        return exc.renamed(on_field)
 
 
 def _even_split(numbers: list[int]) -> list[tuple[int, int]]:

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from console import logs
 from console.celery import send_soon
-from console.exceptions import Conflict, DomainError
+from console.exceptions import Conflict, DomainError, FieldErrors
 from fleet import audit
 from fleet.audit import actor_label
 from fleet.inventory.routers import has_router
@@ -123,81 +123,107 @@ def create_rollout(
     replays the first request (a Conflict if it asked for something else).
     """
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
+    # Every field the request got wrong is named in one answer (errors.gather keeps a field's
+    # refusal and goes on); a conflict with the deployment's state is answered at once.
+    errors = FieldErrors()
+    header, seconds, size, alias_given = "", None, None, None
     # What the request says on its own, whatever the deployment's state (as the API's body
     # was checked before anything else).
-    header = specs.sticky_header(sticky_header)
-    seconds, size = specs.duration_s(duration_s), specs.sample_size(sample_size)
-    alias_given = None if alias is None else specs.alias_name(alias)
+    with errors.gather():
+        header = specs.sticky_header(sticky_header)
+    with errors.gather():
+        seconds = specs.duration_s(duration_s)
+    with errors.gather():
+        size = specs.sample_size(sample_size)
+    with errors.gather():
+        alias_given = None if alias is None else specs.alias_name(alias)
     if deployment.archived_at is not None:
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
     if not has_router(deployment.cluster):
         raise Conflict(f"cluster {deployment.cluster.name} has no traffic router: rollouts "
                        "move traffic through one", field="deployment")
-    if strategy not in Rollout.Strategy.values:
-        raise DomainError(f"one of {', '.join(Rollout.Strategy.values)}", field="strategy")
-    if dry_run and strategy != Rollout.Strategy.CANARY:
-        raise DomainError("a dry run is a canary's: an A/B split's verdict needs real traffic "
-                          "on each variant", field="dry_run")
+    with errors.gather():
+        if strategy not in Rollout.Strategy.values:
+            raise DomainError(f"one of {', '.join(Rollout.Strategy.values)}", field="strategy")
+    with errors.gather():
+        if dry_run and strategy == Rollout.Strategy.AB:
+            raise DomainError("a dry run is a canary's: an A/B split's verdict needs real "
+                              "traffic on each variant", field="dry_run")
     ready = _ready_numbers(deployment)
     if not ready:
         raise Conflict(f"no version of {deployment.model.name} is ready on deployment "
                        f"{deployment.name}: load the stable version first", field="deployment")
-    settings_given = analysis.parse_analysis(analysis_settings)
+    settings_given: dict[str, Any] = {}
     webhooks = set(Webhook.objects.filter(tenant=deployment.tenant, active=True)
                    .values_list("name", flat=True))
-    if settings_given.get("rollback"):
-        specs.check_webhook(settings_given["rollback"]["webhook"], webhooks,
-                            "analysis.rollback.webhook")
-    if settings_given.get("bake_s") and strategy != Rollout.Strategy.CANARY:
-        raise DomainError("an A/B split has no bake: it ends with its verdict",
-                          field="analysis.bake_s")
+    with errors.gather():
+        settings_given = analysis.parse_analysis(analysis_settings)
+        if settings_given.get("rollback"):
+            specs.check_webhook(settings_given["rollback"]["webhook"], webhooks,
+                                "analysis.rollback.webhook")
+        if settings_given.get("bake_s") and strategy == Rollout.Strategy.AB:
+            raise DomainError("an A/B split has no bake: it ends with its verdict",
+                              field="analysis.bake_s")
     fields: dict[str, Any] = {
         "strategy": strategy, "analysis": settings_given, "sticky_header": header,
         "unload_previous": bool(unload_previous), "dry_run": bool(dry_run),
         "requires_approval": bool(require_approval or deployment.production),
     }
+    alias_chosen = (routes.PRODUCTION_ALIAS if deployment.production else "") if (
+        alias_given is None) else alias_given
     if strategy == Rollout.Strategy.CANARY:
-        if version is None:
-            raise DomainError("name the version to roll out", field="version")
-        candidate = specs.find_version(deployment, version, "version")
-        base_number = _default_baseline(deployment, ready) if baseline is None else int(
-            specs.find_version(deployment, baseline, "baseline").version)
-        if base_number not in ready:
-            raise DomainError(f"v{base_number} is not ready on the deployment's servers: the "
-                              "baseline carries the traffic back", field="baseline")
-        if candidate.version == base_number:
-            raise DomainError(f"v{candidate.version} is the baseline already", field="version")
-        loads.check_loadable(deployment, candidate)
-        chosen = _canary_servers(deployment, candidate, base_number, ready, servers)
-        loads.check_runtime(candidate, list(deployment.servers.filter(name__in=chosen)))
-        fields.update(
-            baseline=deployment.model.versions.get(version=base_number), candidate=candidate,
-            steps=specs.parse_steps(steps, webhooks=webhooks),
-            servers=chosen, promote=True,
-            alias=(routes.PRODUCTION_ALIAS if deployment.production else "")
-            if alias_given is None else alias_given,
-        )
-    else:
-        parsed = specs.ab_variants(deployment, variants)
-        for item in parsed:
-            loads.check_loadable(deployment, deployment.model.versions.get(version=item["version"]))
-        if seconds is None and size is None:
-            raise DomainError("an A/B split ends after duration_s seconds or sample_size "
-                              "requests a variant: give one", field="duration_s")
+        candidate, base_number, parsed_steps = None, None, None
+        with errors.gather():
+            if version is None:
+                raise DomainError("name the version to roll out", field="version")
+            candidate = specs.find_version(deployment, version, "version")
+        with errors.gather():
+            base_number = _default_baseline(deployment, ready) if baseline is None else int(
+                specs.find_version(deployment, baseline, "baseline").version)
+            if base_number not in ready:
+                raise DomainError(f"v{base_number} is not ready on the deployment's servers: "
+                                  "the baseline carries the traffic back", field="baseline")
+        with errors.gather():
+            parsed_steps = specs.parse_steps(steps, webhooks=webhooks)
+        if candidate is not None and base_number is not None:
+            with errors.gather():
+                if candidate.version == base_number:
+                    raise DomainError(f"v{candidate.version} is the baseline already",
+                                      field="version")
+                loads.check_loadable(deployment, candidate)
+                chosen = _canary_servers(deployment, candidate, base_number, ready, servers)
+                loads.check_runtime(candidate, list(deployment.servers.filter(name__in=chosen)))
+                fields.update(baseline=deployment.model.versions.get(version=base_number),
+                              candidate=candidate, servers=chosen)
+        errors.raise_any()
+        fields.update(steps=parsed_steps, promote=True, alias=alias_chosen)
+    elif strategy == Rollout.Strategy.AB:
+        parsed: list[dict[str, Any]] = []
+        with errors.gather():
+            parsed = specs.ab_variants(deployment, variants)
+            for item in parsed:
+                loads.check_loadable(deployment,
+                                     deployment.model.versions.get(version=item["version"]))
+        with errors.gather():
+            if seconds is None and size is None and not errors.refused("duration_s",
+                                                                       "sample_size"):
+                raise DomainError("an A/B split ends after duration_s seconds or sample_size "
+                                  "requests a variant: give one", field="duration_s")
         names = list(deployment.servers.order_by("name").values_list("name", flat=True))
-        if servers:
-            unknown = sorted(set(servers) - set(names))
-            if unknown:
-                raise DomainError(f"deployment {deployment.name} has no server named "
-                                  f"{', '.join(unknown)}", field="servers")
-            names = sorted(set(servers))
+        with errors.gather():
+            if servers:
+                unknown = sorted(set(servers) - set(names))
+                if unknown:
+                    raise DomainError(f"deployment {deployment.name} has no server named "
+                                      f"{', '.join(unknown)}", field="servers")
+                names = sorted(set(servers))
+        errors.raise_any()
         fields.update(
             baseline=deployment.model.versions.get(version=parsed[0]["version"]),
             variants=parsed, servers=names, promote=bool(promote),
-            duration_s=seconds, sample_size=size,
-            alias=(routes.PRODUCTION_ALIAS if deployment.production else "")
-            if alias_given is None else alias_given,
+            duration_s=seconds, sample_size=size, alias=alias_chosen,
         )
+    errors.raise_any()
     fingerprint = idempotency.fingerprint(deployment=deployment, **fields)
     # Should two requests race past the checks, the constraints decide, and say which.
     return idempotency.create_once(
