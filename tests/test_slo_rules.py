@@ -75,8 +75,8 @@ def test_promtool_runs_the_rules_unit_tests():
 
 def test_a_failing_unit_test_fails(tmp_path):
     """The check above would see a broken rule: the same unit tests, with the fast burn's
-    factor halved, fail and say which alert."""
-    broken = RULE_FILE.read_text().replace("ratio_rate5m > 14.4", "ratio_rate5m > 7.2")
+    long-window factor at a tenth, fail and say which alert."""
+    broken = RULE_FILE.read_text().replace("ratio_rate1h > 14.4", "ratio_rate1h > 1.44")
     assert broken != RULE_FILE.read_text()
     (tmp_path / "slo-rules.yml").write_text(broken)
     (tmp_path / "tests").mkdir()
@@ -103,6 +103,17 @@ def test_the_compose_prometheus_loads_the_rules(tmp_path):
 
     assert succeeded(done), done.stdout + done.stderr
     assert "1 rule files found" in done.stdout
+
+
+def test_the_alerts_follow_the_series_they_read_in_one_group():
+    """Prometheus evaluates a group's rules in order but groups in no set order: in one
+    group, after the recording rules, an alert reads the burn rates of its own evaluation."""
+    groups = yaml.safe_load(RULE_FILE.read_text())["groups"]
+
+    assert len(groups) == 1
+    kinds = ["alert" if "alert" in rule else "record" for rule in groups[0]["rules"]]
+    assert kinds == sorted(kinds, key=lambda kind: kind == "alert")
+    assert kinds.count("alert") == 2
 
 
 def test_the_alerts_use_switchyards_own_factors_and_page():
