@@ -14,9 +14,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
+from console.forms import next_or
 from fleet.models import Membership
 from fleet.tenancy.scoping import require_role
 from rollouts.canary.forms import RolloutActionForm, RolloutStartForm
@@ -144,7 +146,7 @@ def rollout_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if done is None:
         return _render_rollout(request, _rollout(request, pk), form, status=form.status_code)
     messages.success(request, done)
-    return redirect("rollouts:rollout", pk=rollout.pk)
+    return redirect(next_or(request, reverse("rollouts:rollout", args=[rollout.pk])))
 
 
 @login_required

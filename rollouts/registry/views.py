@@ -12,12 +12,15 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Max, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from console.forms import next_or
 from console.paging import paginate, querystring_without_page
 from fleet.models import AuditEvent, Membership, Placement, Tenant
 from fleet.tenancy.scoping import has_role, require_role
 from rollouts.benchmarks.pages import version_benchmark_context
+from rollouts.canary.pages import actions_for
 from rollouts.models import Model, ModelVersion, Rollout
 from rollouts.registry import approvals
 from rollouts.registry.forms import (
@@ -142,7 +145,7 @@ def version_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if done is None:
         return _render_version(request, _version(request, pk), form, status=form.status_code)
     messages.success(request, done)
-    return redirect("rollouts:version", pk=version.pk)
+    return redirect(next_or(request, reverse("rollouts:version", args=[version.pk])))
 
 
 @login_required
@@ -233,10 +236,16 @@ def approval_queue(request: HttpRequest) -> HttpResponse:
         .select_related("deployment__tenant", "candidate", "baseline")
         .order_by("created_at", "id")
     )
+    rollouts = list(rollouts)
+    for rollout in rollouts:
+        allowed = actions_for(request.user, rollout)
+        rollout.can_approve = allowed["can_approve"]
+        rollout.is_requester = allowed["is_requester"]
+        rollout.can_abort = any(a["name"] == Rollout.Action.ABORT for a in allowed["actions"])
     tenant_filter = request.GET.get("tenant", "").strip()
     if tenant_filter:
         versions = [v for v in versions if v.model.tenant.slug == tenant_filter]
-        rollouts = rollouts.filter(deployment__tenant__slug=tenant_filter)
+        rollouts = [r for r in rollouts if r.deployment.tenant.slug == tenant_filter]
     return render(request, "rollouts/approvals.html", {
         "versions": versions, "rollouts": rollouts, "tenant": tenant_filter,
     })
