@@ -30,6 +30,7 @@ from rollouts.registry.forms import (
     VersionActionForm,
     VersionForm,
 )
+from rollouts.registry.outcomes import mark_latest_rolled_back, mark_rolled_back
 
 
 def _form_page(request: HttpRequest, template: str, form: Any, status: int = 200,
@@ -66,6 +67,9 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "tenants": Tenant.objects.visible_to(request.user),
         "qs": querystring_without_page(request),
     }
+    page = context["page"]
+    page.object_list = list(page.object_list)  # read once: the rows carry what is marked
+    mark_latest_rolled_back(page.object_list)
     template = "rollouts/model_list.html#results" if request.htmx else "rollouts/model_list.html"
     return render(request, template, context)
 
@@ -98,6 +102,9 @@ def render_model(request: HttpRequest, model: Model, alias_form: AliasForm | Non
         "alias_form": alias_form or (
             AliasForm(actor=request.user, model=model) if can_deploy else None),
     }
+    page = context["page"]
+    page.object_list = list(page.object_list)
+    mark_rolled_back(page.object_list)
     template = "rollouts/model_detail.html#versions" if request.htmx else "rollouts/model_detail.html"
     return render(request, template, context, status=status)
 
@@ -116,6 +123,7 @@ def _render_version(
     request: HttpRequest, version: ModelVersion, form: VersionActionForm | None = None, status: int = 200
 ) -> HttpResponse:
     tenant = version.model.tenant
+    mark_rolled_back([version])
     history = AuditEvent.objects.filter(object_type="rollouts.modelversion", object_id=str(version.pk))
     context = {
         "version": version,
