@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import Task, shared_task
+from django.utils import timezone
 
 from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.benchmarks import runs as benchmark_runs
@@ -11,6 +12,7 @@ from rollouts.loads import drift
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.slo import alerts as slo_alerts
+from rollouts.slo import routed as slo_routed
 from rollouts.traffic import latency, routes
 from rollouts.workloads import reconciler as workload_reconciler
 
@@ -51,8 +53,8 @@ def evaluate_slos() -> dict[str, int]:
 
 @shared_task(ignore_result=True)
 def prune_latency() -> int:
-    """Hourly: drop latency rollups older than 30 days."""
-    return latency.prune()
+    """Hourly: drop latency rollups and the router's SLO minutes older than 30 days."""
+    return latency.prune() + slo_routed.prune(timezone.now() - latency.ROLLUP_KEEP)
 
 
 @shared_task(ignore_result=True)

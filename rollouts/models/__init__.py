@@ -6,7 +6,7 @@ from .metrics import MetricTemplate
 from .registry import Alias, Model, ModelVersion
 from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
-from .slo import SloAlert, SloStatus
+from .slo import RoutedMinute, SloAlert, SloStatus
 from .workloads import ServerWorkload
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "RolloutEvent",
     "Route",
     "RouteRevision",
+    "RoutedMinute",
     "ServerWorkload",
     "SloAlert",
     "SloStatus",

@@ -100,3 +100,26 @@ class SloAlert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment} {self.rule} {self.sli} ({self.state})"
+
+
+class RoutedMinute(models.Model):
+    """One minute of a deployment's requests as its router saw them, for its SLO: every
+    request (4xx included), the failed ones (5xx, no answer, timeouts) and the answered ones
+    slower than the latency SLO. Written by the SLO tick from the router's per-request
+    samples; where a window has these, the SLO counts them instead of the servers' own
+    metrics (which miss failures a backend answers, and have no exact latencies)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="routed_minutes")
+    minute = models.DateTimeField()
+    requests = models.PositiveBigIntegerField(default=0)
+    failures = models.PositiveBigIntegerField(default=0)
+    slow = models.PositiveBigIntegerField(default=0)
+
+    objects = scoped_manager("deployment__tenant")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["deployment", "minute"], name="uniq_routed_minute")]
+        indexes = [models.Index(fields=["minute"], name="routed_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} {self.minute:%Y-%m-%d %H:%M}"

@@ -27,7 +27,7 @@ from django.utils import timezone
 from fleet.webhooks import events as webhook_events
 from rollouts.models import Deployment, SloAlert, SloStatus
 
-from . import status
+from . import routed, status
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def tick(now: datetime | None = None) -> dict[str, int]:
     """Evaluate every deployment in use. Returns counts for the log."""
     now = now or timezone.now()
     deployments = list(Deployment.objects.filter(archived_at__isnull=True).select_related("tenant", "model"))
+    routed.fold(deployments, now.timestamp())
     found = status.counts(deployments, now)
     firing = {(a.deployment_id, a.rule, a.sli): a for a in SloAlert.objects.filter(state=SloAlert.State.FIRING)}
     current = {s.pk: s for s in SloStatus.objects.filter(deployment__in=deployments)}

@@ -7,11 +7,15 @@ objective's *burn rate* is the share of its bad requests divided by its budget: 
 budget exactly by the end of the SLO window, 14.4 spends 2% of a 30-day budget in an hour.
 The *budget left* is 1 minus the share spent over the deployment's ``slo_window_days``.
 
-The counts come from ``LatencyRollup`` (the scrape tick upserts the current minute every
-tick): requests, failures and the answered requests slower than the latency SLO (read off
-each server's latency distribution, ``fleet.adapters.metrics.rates.share_over``). A window
-of N minutes takes the rows whose minute started within the last N minutes plus the current
-one, so "5 minutes" is 5 to 6 minutes of traffic and moves with every tick.
+The counts come, per window, from the router where the deployment's traffic went through its
+route (``RoutedMinute``, ``rollouts.slo.routed``: every request with its status and exact
+latency), else from ``LatencyRollup`` (the servers' own metrics, upserted every scrape tick:
+requests, failures and the answered requests slower than the latency SLO read off each
+server's latency distribution, ``fleet.adapters.metrics.rates.share_over``). The servers'
+metrics miss failures a backend answers itself (Triton counts a Python model's error answer
+as a success), so a deployment without a route is judged on what its servers admit. A
+window of N minutes takes the rows whose minute started within the last N minutes plus the
+current one, so "5 minutes" is 5 to 6 minutes of traffic and moves with every tick.
 
 :func:`evaluate` is pure (counts in, verdict out); :func:`counts` reads every deployment's
 windows in one query.
@@ -27,7 +31,7 @@ from typing import Any
 
 from django.db.models import Q, Sum
 
-from rollouts.models import Deployment, LatencyRollup, SloStatus
+from rollouts.models import Deployment, LatencyRollup, RoutedMinute, SloStatus
 
 #: The windows burn rates are read over (seconds).
 WINDOWS: dict[str, int] = {"5m": 300, "30m": 1800, "1h": 3600, "6h": 21600}
@@ -171,15 +175,23 @@ def counts(deployments: list[Deployment], now: datetime) -> dict[int, dict[str, 
     for key, start in starts.items():
         for column in ("requests", "failures", "slow"):
             aggregates[f"{key}__{column}"] = Sum(column, filter=Q(minute__gte=start), default=0)
-    rows = (LatencyRollup.objects.filter(deployment__in=deployments, minute__gte=min(starts.values()))
-            .values("deployment").annotate(**aggregates))
-    found: dict[int, dict[str, Counts]] = {}
     by_id = {d.pk: d for d in deployments}
-    for row in rows:
-        deployment = by_id[row["deployment"]]
+    sources = []
+    for model in (LatencyRollup, RoutedMinute):
+        rows = (model.objects.filter(deployment__in=deployments, minute__gte=min(starts.values()))
+                .values("deployment").annotate(**aggregates))
+        sources.append({row["deployment"]: row for row in rows})
+    scraped, routed = sources
+    found: dict[int, dict[str, Counts]] = {}
+    for pk in scraped.keys() | routed.keys():
+        deployment = by_id[pk]
 
-        def of(key: str, row: dict[str, Any] = row) -> Counts:
+        def of(key: str, pk: int = pk) -> Counts:
+            # The router's counts where it saw the window's traffic, else the servers'.
+            row = routed.get(pk) if routed.get(pk, {}).get(f"{key}__requests") else scraped.get(pk)
+            if row is None:
+                return Counts()
             return Counts(*(float(row[f"{key}__{c}"]) for c in ("requests", "failures", "slow")))
 
-        found[deployment.pk] = {**{w: of(w) for w in WINDOWS}, BUDGET: of(f"d{deployment.slo_window_days}")}
+        found[pk] = {**{w: of(w) for w in WINDOWS}, BUDGET: of(f"d{deployment.slo_window_days}")}
     return found
