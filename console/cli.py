@@ -19,8 +19,8 @@ http://127.0.0.1:8000). ``wait`` (and ``start --wait``) polls every second, prin
 of state, step and weights, and exits by how the rollout ended: 0 succeeded, 2 rolled back,
 3 failed, 4 aborted, 5 still running at the timeout (or, with ``--stop-when-waiting``,
 waiting for a person); 1 for a usage or HTTP error. On anything but success the reason is
-printed. ``benchmark wait`` prints each change of state, phase and progress, then the
-summary, and exits 0 succeeded, 3 failed, 4 cancelled, 5 still running at the timeout, 1 for a
+printed. ``benchmark wait`` shows the job's progress on one line updated in place on a
+terminal (a line per state and level otherwise, as in a CI log), then the summary, and exits 0 succeeded, 3 failed, 4 cancelled, 5 still running at the timeout, 1 for a
 usage or HTTP error.
 """
 
@@ -48,11 +48,13 @@ PEOPLE_STATES = ("paused", "pending_approval")
 
 
 def say(text: str = "") -> None:
+    STATUS.end()
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
 def warn(text: str) -> None:
+    STATUS.end()
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
@@ -179,36 +181,67 @@ def ended(row: dict[str, Any]) -> int:
     return code
 
 
+class StatusLine:
+    """The line ``follow`` rewrites in place on a terminal; ``say`` and ``warn`` end it first."""
+
+    open = False
+
+    def show(self, text: str) -> None:
+        sys.stdout.write("\r\x1b[K" + text)
+        sys.stdout.flush()
+        self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            self.open = False
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+STATUS = StatusLine()
+
+
 def follow(read: Callable[[], dict[str, Any]], line_of: Callable[[dict[str, Any]], str],
            done: Callable[[dict[str, Any]], int | None], what: str, timeout: float,
-           sleep: Callable[[float], None] = time.sleep) -> int:
-    """Poll ``read()`` every second, printing each new ``line_of`` the row, until ``done``
-    gives an exit code (or the timeout: WAITING); an unreachable API is retried."""
+           sleep: Callable[[float], None] = time.sleep,
+           step_of: Callable[[dict[str, Any]], str] | None = None,
+           live: bool = False) -> int:
+    """Poll ``read()`` every second until ``done`` gives an exit code (or the timeout:
+    WAITING); an unreachable API is retried. ``live`` (a terminal): every change of
+    ``line_of`` the row rewrites one line in place. Otherwise a line is printed at each change
+    of ``step_of`` the row (a line per level, not per percent), or of the line itself."""
     deadline = time.monotonic() + timeout
-    shown = ""
+    latest, step = "", None
     unreachable = False
-    while True:
-        try:
-            row = read()
-        except Refused as exc:
-            if not exc.transient:
-                raise
-            if not unreachable:
-                warn(f"{exc}; trying again")
-            unreachable = True
-        else:
-            unreachable = False
-            line = line_of(row)
-            if line != shown:
-                say(line)
-                shown = line
-            code = done(row)
-            if code is not None:
-                return code
-        if time.monotonic() >= deadline:
-            say(f"timed out after {timeout:g}s: {shown or f'{what} not read'}")
-            return WAITING
-        sleep(POLL_S)
+    try:
+        while True:
+            try:
+                row = read()
+            except Refused as exc:
+                if not exc.transient:
+                    raise
+                if not unreachable:
+                    warn(f"{exc}; trying again")
+                unreachable = True
+            else:
+                unreachable = False
+                line = line_of(row)
+                now = line if live or step_of is None else step_of(row)
+                if now != step:
+                    if live:
+                        STATUS.show(line)
+                    else:
+                        say(line)
+                latest, step = line, now
+                code = done(row)
+                if code is not None:
+                    return code
+            if time.monotonic() >= deadline:
+                say(f"timed out after {timeout:g}s: {latest or f'{what} not read'}")
+                return WAITING
+            sleep(POLL_S)
+    finally:
+        STATUS.end()
 
 
 def wait(client: Client, rollout_id: int, timeout: float, stop_when_waiting: bool = False,
@@ -248,13 +281,24 @@ def benchmark_line(row: dict[str, Any]) -> str:
     return text
 
 
+def benchmark_step(row: dict[str, Any]) -> str:
+    """What a new line is printed for when the output is not a terminal: the state and the
+    phase (the level being measured), not each percent."""
+    return f"{row['state']} {row.get('phase') or ''}"
+
+
+def level_name(mode: str, value: Any) -> str:
+    """A level as the job's page and phase name it (rollouts.benchmarks.specs.level_name)."""
+    if mode == "concurrency":
+        return f"concurrency {number_text(value)}"
+    return f"{number_text(value)} req/s offered"
+
+
 def load_text(mode: str, sweep: dict[str, Any] | None) -> str:
     """The most load carried within the SLO, in words."""
     if not sweep or sweep.get("max_load") is None:
         return "no level within the SLO"
-    what = (f"concurrency {number_text(sweep['max_load'])}" if mode == "concurrency"
-            else f"{number_text(sweep['max_load'])} req/s offered")
-    text = f"{what}: {sweep['max_load_rps']:.1f} req/s"
+    text = f"{level_name(mode, sweep['max_load'])}: {sweep['max_load_rps']:.1f} req/s"
     if sweep.get("max_load_p99_ms") is not None:
         text += f", p99 {sweep['max_load_p99_ms']:.1f} ms"
     return text
@@ -283,7 +327,8 @@ def benchmark_summary(row: dict[str, Any]) -> list[str]:
 
 def wait_benchmark(client: Client, job_id: int, timeout: float,
                    sleep: Callable[[float], None] = time.sleep) -> int:
-    """Poll the job every second until it ends (or the timeout); print each change."""
+    """Poll the job every second until it ends (or the timeout). On a terminal its progress
+    is one line updated in place; otherwise a line per state and level."""
 
     def done(row: dict[str, Any]) -> int | None:
         if row["state"] not in BENCHMARK_EXIT_CODES:
@@ -293,7 +338,7 @@ def wait_benchmark(client: Client, job_id: int, timeout: float,
         return BENCHMARK_EXIT_CODES[row["state"]]
 
     return follow(lambda: client.benchmark(job_id), benchmark_line, done, f"benchmark {job_id}",
-                  timeout, sleep)
+                  timeout, sleep, step_of=benchmark_step, live=sys.stdout.isatty())
 
 
 # --------------------------------------------------------------------------------------------

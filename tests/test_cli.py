@@ -366,3 +366,67 @@ def test_benchmark_cancel_and_refusals(switchyard, bench):
     assert "HTTP 400: levels: from 1 to 512, got 600" in bad_level.stderr
     assert "--levels takes numbers separated by commas, got 'x'" in bad_arg.stderr
     assert "HTTP 404: No BenchmarkJob matches the given query." in missing.stderr
+
+
+class Rows:
+    """A client whose job reads as the rows given, one a poll (the last one from then on)."""
+
+    def __init__(self, *rows: dict[str, Any]) -> None:
+        self.rows = list(rows)
+
+    def benchmark(self, job_id: int) -> dict[str, Any]:
+        return self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]
+
+
+def job_row(state: str, progress: float, phase: str) -> dict[str, Any]:
+    return {"id": 7, "state": state, "progress": progress, "phase": phase, "mode": "concurrency",
+            "version": 2, "server": "triton-a", "error": "",
+            "summary": {"best": {"max_load": 4, "max_load_rps": 310.0, "max_load_p99_ms": 8.0}}}
+
+
+SWEEP = [job_row("running", 0.1, "sweeping default: level 1: concurrency 1"),
+         job_row("running", 0.2, "sweeping default: level 1: concurrency 1"),
+         job_row("running", 0.4, "sweeping default: level 2: concurrency 4"),
+         job_row("running", 0.5, "sweeping default: level 2: concurrency 4"),
+         job_row("succeeded", 1.0, "done")]
+
+
+def test_benchmark_wait_on_a_terminal_updates_one_line_in_place(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+
+    code = cli.wait_benchmark(Rows(*SWEEP), 7, timeout=60, sleep=lambda s: None)
+
+    out = capsys.readouterr().out
+    assert code == cli.OK
+    progress, *after = out.split("\n")
+    # Every poll's change rewrote the same line; the summary starts a line of its own.
+    assert progress.count("\r\x1b[K") == 5
+    assert progress.endswith("benchmark 7: succeeded, done")
+    assert "benchmark 7: running 20%, sweeping default: level 1: concurrency 1\r" in progress
+    assert after == ["benchmark 7 succeeded: v2 on triton-a, max load within the SLO "
+                     "concurrency 4: 310.0 req/s, p99 8.0 ms", ""]
+
+
+def test_benchmark_wait_in_a_log_prints_a_line_per_level_not_per_percent(capsys):
+    code = cli.wait_benchmark(Rows(*SWEEP), 7, timeout=60, sleep=lambda s: None)
+
+    lines = capsys.readouterr().out.splitlines()
+    assert code == cli.OK
+    assert "\r" not in "".join(lines)
+    assert lines == [
+        "benchmark 7: running 10%, sweeping default: level 1: concurrency 1",
+        "benchmark 7: running 40%, sweeping default: level 2: concurrency 4",
+        "benchmark 7: succeeded, done",
+        "benchmark 7 succeeded: v2 on triton-a, max load within the SLO concurrency 4: "
+        "310.0 req/s, p99 8.0 ms",
+    ]
+
+
+@pytest.mark.parametrize(("mode", "value"), [("concurrency", 4), ("concurrency", 16.0),
+                                             ("rate", 200), ("rate", 12.5)])
+def test_the_cli_and_the_benchmark_page_name_a_level_alike(mode, value):
+    from rollouts.benchmarks import specs
+
+    assert cli.level_name(mode, value) == specs.level_name(mode, value)
+    assert cli.load_text(mode, {"max_load": value, "max_load_rps": 1.0}).startswith(
+        specs.level_name(mode, value) + ":")

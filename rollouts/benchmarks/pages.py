@@ -26,10 +26,7 @@ def unit_of(job: BenchmarkJob) -> str:
 
 
 def level_name(job: BenchmarkJob, value: float | None) -> str:
-    if value is None:
-        return "\u2013"
-    return f"concurrency {value:g}" if job.mode == BenchmarkJob.Mode.CONCURRENCY \
-        else f"{value:g} req/s"
+    return specs.level_name(job.mode, value)
 
 
 def number_or_none(value: Any) -> float | None:
@@ -52,6 +49,7 @@ def level_rows(job: BenchmarkJob, levels: list[dict[str, Any]]) -> list[dict[str
         errors = level.get("errors") or {}
         rows.append({
             "value": level.get("value"),
+            "name": level_name(job, level.get("value")),
             "refinement": bool(level.get("refinement")),
             "offered_rps": number_or_none(level.get("offered_rps")),
             "throughput_rps": number_or_none(level.get("throughput_rps")),

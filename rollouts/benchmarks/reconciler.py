@@ -30,7 +30,7 @@ from fleet import audit
 from rollouts import leases
 from rollouts.benchmarks import runs
 from rollouts.benchmarks.results import summarize_job
-from rollouts.benchmarks.specs import config_label, full_config, spec_for
+from rollouts.benchmarks.specs import config_label, full_config, level_name, spec_for
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import BenchmarkJob, ModelLoad
@@ -215,8 +215,8 @@ def _running(job: BenchmarkJob) -> bool:
             tail = log_path.read_text(errors="replace")[-1000:]
         return _config_failed(job, f"the load generator (pid {job.runner_pid}) stopped without "
                                    f"a result{': ' + tail if tail else ''}")
-    now_at = f"level {len(levels) + 1}: {'concurrency' if job.mode == 'concurrency' else 'rate'} " \
-             f"{current['value']:g}" if current else "warming up"
+    now_at = f"level {len(levels) + 1}: {level_name(job.mode, current['value'])}" if current \
+        else "warming up"
     _update(job, results=job.results, progress=max(job.progress, _progress(job, len(levels), current)),
             phase=f"sweeping {label}: {now_at}")
     return False

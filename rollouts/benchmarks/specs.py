@@ -145,6 +145,16 @@ def full_config(version: ModelVersion, override: dict[str, Any] | None) -> dict[
     return {**(version.triton_config or {}), **(override or {})}
 
 
+def level_name(mode: str, value: float | None) -> str:
+    """A sweep's level in words, as every face names it (the job's page, its phase in the API,
+    the CLI's ``benchmark wait``): "concurrency 4", or "200 req/s offered" in rate mode."""
+    if value is None:
+        return "\u2013"
+    if mode == BenchmarkJob.Mode.CONCURRENCY:
+        return f"concurrency {value:g}"
+    return f"{value:g} req/s offered"
+
+
 def config_label(override: dict[str, Any] | None) -> str:
     """A short name for a config: "default" or "2 instances, batch 8, delay 100 µs"."""
     if not override:

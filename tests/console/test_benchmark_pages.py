@@ -11,6 +11,7 @@ The run itself, on the real Triton, is tests/console/test_browser_benchmarks.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -313,6 +314,8 @@ def test_the_job_page_shows_levels_summary_server_view_and_compare_link(setup, d
     # every level, with errors by kind and the server's own view
     for value in (1, 2, 4, 8, 16):
         assert f'data-level="{value}"' in body
+        # each level named as its phase and the CLI's `benchmark wait` name it
+        assert re.search(rf'data-level="{value}"[^>]*>\s*<td>concurrency {value}\b', body)
     assert "http_503 3" in body and "HTTP 503: busy" in body
     assert "4.40 / 0.10 / 4.20" in body  # Triton request / queue / compute at level 4
     # not a config sweep: no register button; final: no cancel, no polling
