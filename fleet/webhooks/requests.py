@@ -136,8 +136,11 @@ def update_webhook(actor: Any, webhook: Webhook, **changes: Any) -> Webhook:
     }
     clean = {key: checks[key](value) for key, value in changes.items() if key != "routing_key"}
     format = clean.get("format", webhook.format)
-    if "routing_key" in changes or format != webhook.format:
-        clean["routing_key"] = _validate_routing_key(changes.get("routing_key", webhook.routing_key), format)
+    if "routing_key" in changes:
+        clean["routing_key"] = _validate_routing_key(changes["routing_key"], format)
+    elif format != webhook.format:  # leaving the pagerduty format drops its key; coming to it needs one
+        clean["routing_key"] = _validate_routing_key("" if format != Webhook.Format.PAGERDUTY
+                                                     else webhook.routing_key, format)
     changed = [key for key, value in clean.items() if getattr(webhook, key) != value]
     if not changed:
         return webhook
