@@ -186,3 +186,30 @@ def gate_badge(gate: dict, analysis: object) -> str:
     if have < need:
         return f"waiting ({have} of {need})"
     return str(gate.get("state") or "waiting")
+
+
+def in_words(value: object) -> str:
+    """A recorded value as people read it: none, yes and no for None and booleans; a list
+    joined with commas; a mapping as "key: value" pairs; never a Python repr."""
+    if value is None or value == "":
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        return ", ".join(f"{str(k).replace('_', ' ')}: {in_words(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple | set):
+        return ", ".join(in_words(v) for v in value) if value else "none"
+    return str(value)
+
+
+@register.simple_tag
+def change_rows(before: object, after: object) -> list[dict[str, str]]:
+    """``{% change_rows e.before e.after as rows %}``: an audit event's change, field by
+    field in words (``field``, ``before`` or "" when it had none, ``after``)."""
+    before = before if isinstance(before, dict) else {}
+    after = after if isinstance(after, dict) else {}
+    return [{"field": str(k).replace("_", " "),
+             "before": in_words(before[k]) if k in before else "", "after": in_words(v)}
+            for k, v in after.items()]

@@ -233,3 +233,23 @@ def recently_lost(server: InferenceServer, queryset: Any, hours: int = 24) -> li
         .select_related("version__model")
         .order_by("-finished_at")[:10]
     )
+
+
+def on_server(load: ModelLoad) -> str:
+    """What the server's last check says of a ready load's version, in words, or why it
+    says nothing: never checked, not healthy at its last check, checked before the load was
+    ready."""
+    server, version = load.server, load.version
+    if server.last_checked_at is None:
+        return f"not known yet: {server.name} has not been checked"
+    if not index_known(server):
+        detail = f" ({server.health_detail})" if server.health_detail else ""
+        return (f"not known: {server.name} was {server.get_health_display().lower()} at its "
+                f"last check{detail}, so its model list was not read")
+    if (load.ready_at or load.updated_at) > index_read_after(server) - timedelta(
+            seconds=CLOCK_SKEW_S):
+        return f"not known yet: {server.name} was last checked before v{version.version} was ready"
+    state = reported_state(server, version)
+    if state is None:
+        return f"{server.name} does not list v{version.version}"
+    return f"{server.name} reports v{version.version} {state}"

@@ -17,6 +17,7 @@ from fleet.api.refs import is_id
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role
 from rollouts.deployments.pages import loads_panel_context, render_deployment, visible_deployment
+from rollouts.loads import drift
 from rollouts.loads.forms import DeploymentLoadForm
 from rollouts.models import Deployment, ModelLoad
 
@@ -66,7 +67,9 @@ def load_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
     template = "rollouts/partials/load_status.html" if request.htmx else "rollouts/load_detail.html"
     status = HTMX_STOP_POLLING if request.htmx and load.state not in ModelLoad.IN_FLIGHT else 200
-    return render(request, template, {"load": load, "events": load.events.all()}, status=status)
+    context = {"load": load, "events": load.events.all(),
+               "on_server": drift.on_server(load) if load.state == ModelLoad.State.READY else ""}
+    return render(request, template, context, status=status)
 
 
 @login_required
