@@ -12,6 +12,7 @@ from console.forms import DomainForm
 from fleet.models import Cluster, InferenceServer, Membership
 from fleet.tenancy.scoping import has_role
 from rollouts.deployments import lifecycle as deployments
+from rollouts.deployments.widgets import ServerCheckboxes
 from rollouts.models import Deployment, Model
 from rollouts.registry.forms import INT_MAX
 
@@ -34,7 +35,7 @@ class DeploymentForm(DomainForm):
     )
     servers = forms.ModelMultipleChoiceField(
         queryset=InferenceServer.objects.select_related("cluster").order_by("cluster__name", "name"),
-        required=False, widget=forms.CheckboxSelectMultiple,
+        required=False, widget=ServerCheckboxes,
         help_text="The cluster's inference servers that carry it; none chosen on a new "
                   "deployment: all of the cluster's servers",
         error_messages={"invalid_choice": "no such server", "invalid_pk_value": "no such server"},
@@ -74,6 +75,18 @@ class DeploymentForm(DomainForm):
                 self.fields["production"].disabled = True
                 self.fields["production"].help_text = ("Loads approved versions only; an "
                                                        "approver changes this")
+
+    def clean(self) -> dict[str, Any]:
+        """Servers of another cluster than the one chosen: a mistake in the form, on
+        ``servers``, naming the cluster's own servers."""
+        data = super().clean()
+        cluster, servers = data.get("cluster"), data.get("servers") or []
+        strangers = [s.name for s in servers if cluster is not None and s.cluster_id != cluster.pk]
+        if strangers:
+            own = ", ".join(s.name for s in cluster.servers.order_by("name")) or "none yet"
+            self.add_error("servers", f"servers {', '.join(strangers)} are not in cluster "
+                                      f"{cluster}; its servers: {own}")
+        return data
 
     def perform(self) -> Deployment:
         data = self.cleaned_data

@@ -70,3 +70,31 @@ function tickAgo() {
 }
 tickAgo();
 setInterval(tickAgo, 1000);
+
+// Choices that belong to one cluster (data-cluster="<id>", data-follows="<field name>") show
+// only while that field of their form picks their cluster; one hidden is unticked. With no
+// cluster picked, all show. (Not the hidden attribute: the label's display: block wins.)
+function followCluster(form) {
+  const picker = form && form.querySelector("select[name=cluster]");
+  if (!picker) {
+    return;
+  }
+  for (const input of form.querySelectorAll("input[data-follows=cluster][data-cluster]")) {
+    const shown = !picker.value || input.dataset.cluster === picker.value;
+    const row = input.closest("label") || input;
+    row.style.display = shown ? "" : "none";
+    if (!shown) {
+      input.checked = false;
+    }
+  }
+}
+document.addEventListener("change", (event) => {
+  if (event.target.matches("select[name=cluster]")) {
+    followCluster(event.target.form);
+  }
+});
+document.addEventListener("DOMContentLoaded", () => {
+  for (const input of document.querySelectorAll("input[data-follows=cluster]")) {
+    followCluster(input.form);
+  }
+});

@@ -280,8 +280,9 @@ def test_a_new_deployment_carries_every_server_of_its_cluster_unless_told(dave, 
 def test_a_server_of_another_cluster_is_refused_on_servers(dave, model, fleet):
     response = browser(dave).post("/registry/deployments/new/", deployment_data(
         model, fleet, servers=[fleet["stranger"].pk]))
-    assert response.status_code == 409
-    assert field_errors(response, "servers") == ["servers w1 are not in cluster gpu-east"]
+    assert response.status_code == 400  # a mistake in the form, not a conflict
+    assert field_errors(response, "servers") == [
+        "servers w1 are not in cluster gpu-east; its servers: t1, t2"]
     assert not Deployment.objects.exists()
 
 
