@@ -157,7 +157,8 @@ class TenantSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "role", "cohort", "created_at"]
+        fields = ["id", "slug", "name", "role", "cohort", "guard_production_servers", "created_at"]
+        read_only_fields = ["guard_production_servers"]
 
     @extend_schema_field(serializers.ChoiceField(choices=Membership.Role.choices))
     def get_role(self, tenant: Tenant) -> str | None:

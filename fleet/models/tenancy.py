@@ -55,6 +55,10 @@ class Tenant(models.Model):
     cohort = models.ForeignKey(Cohort, null=True, blank=True, on_delete=models.SET_NULL,
                                related_name="tenants",
                                help_text="Tenants that lend each other unused quota")
+    guard_production_servers = models.BooleanField(
+        default=False,
+        help_text="Keep other tenants' loads off the servers that carry this tenant's production "
+                  "deployments (a deployment can ask the same for itself)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = scoped_manager("id")

@@ -249,7 +249,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
     class Meta:
         model = Deployment
         fields = [
-            "id", "tenant", "name", "model", "cluster", "servers", "production", "slo_p99_ms",
+            "id", "tenant", "name", "model", "cluster", "servers", "production", "guard_servers", "slo_p99_ms",
             "slo_error_rate", "slo_window_days", "slo_status", "slo", "priority", "description",
             "route_url", "created_at", "updated_at", "archived_at", "reason",
         ]

@@ -41,6 +41,10 @@ class DeploymentForm(DomainForm):
         error_messages={"invalid_choice": "no such server", "invalid_pk_value": "no such server"},
     )
     production = forms.BooleanField(required=False, help_text="Loads approved versions only")
+    guard_servers = forms.BooleanField(
+        required=False, label="Keep other tenants' loads off its servers",
+        help_text="While production: another tenant's load, unload or benchmark on a shared server cannot "
+                  "disturb its latency")
     slo_p99_ms = forms.IntegerField(min_value=1, max_value=INT_MAX, initial=500, label="p99 latency SLO (ms)")
     slo_error_rate = forms.DecimalField(min_value=0, max_value=100, max_digits=5, decimal_places=2,
                                         initial="1.00", label="Error-rate ceiling (%)")
@@ -58,7 +62,8 @@ class DeploymentForm(DomainForm):
             kwargs.setdefault("initial", {
                 "name": deployment.name, "model": deployment.model_id,
                 "cluster": deployment.cluster_id, "servers": list(deployment.servers.all()),
-                "production": deployment.production, "slo_p99_ms": deployment.slo_p99_ms,
+                "production": deployment.production, "guard_servers": deployment.guard_servers,
+                "slo_p99_ms": deployment.slo_p99_ms,
                 "slo_error_rate": deployment.slo_error_rate, "slo_window_days": deployment.slo_window_days,
                 "priority": deployment.priority,
                 "description": deployment.description,
@@ -96,7 +101,7 @@ class DeploymentForm(DomainForm):
             servers = servers or list(data["cluster"].servers.all())
         else:
             deployment = Deployment.objects.get(pk=self.deployment.pk)
-        for name in ("name", "cluster", "production", "slo_p99_ms", "slo_error_rate"):
+        for name in ("name", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate"):
             setattr(deployment, name, data[name])
         if data["slo_window_days"] is not None:  # left empty: as it was (30 for a new deployment)
             deployment.slo_window_days = data["slo_window_days"]

@@ -30,8 +30,8 @@ from rollouts.models import (
     ServerWorkload,
 )
 
-FIELDS = ["name", "model", "cluster", "production", "slo_p99_ms", "slo_error_rate", "slo_window_days",
-          "priority", "description"]
+FIELDS = ["name", "model", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate",
+          "slo_window_days", "priority", "description"]
 
 
 def _reprioritise(deployment: Deployment) -> None:

@@ -25,6 +25,7 @@ from fleet.tenancy.scoping import require_role, token_of
 from rollouts import idempotency
 from rollouts.loads.demand import is_lora
 from rollouts.models import Deployment, ModelLoad, ModelLoadEvent, ModelVersion
+from rollouts.slo import neighbours
 from rollouts.traffic import routes
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,7 @@ def _create_loads(
                                "with another config needs it unloaded first", field="version")
             _refuse_managed(server, f"load v{version.version} onto it")
             _refuse_shared_name(server, version)
+            neighbours.refuse_guarded(server, deployment)
             load = ModelLoad.objects.create(
                 tenant=deployment.tenant,
                 deployment=deployment,

@@ -6,7 +6,7 @@ from .metrics import MetricTemplate
 from .registry import Alias, Model, ModelVersion
 from .rollouts import Rollout, RolloutAnalysis, RolloutApproval, RolloutEvent
 from .routes import Route, RouteRevision
-from .slo import RoutedMinute, SloAlert, SloStatus
+from .slo import RoutedMinute, SloAlert, SloDisturbance, SloStatus
 from .workloads import ServerWorkload
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "RoutedMinute",
     "ServerWorkload",
     "SloAlert",
+    "SloDisturbance",
     "SloStatus",
 ]

@@ -43,6 +43,10 @@ class Deployment(models.Model):
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("100"))],
         help_text="Error-rate ceiling in percent",
     )
+    guard_servers = models.BooleanField(
+        default=False,
+        help_text="While production: other tenants' loads are kept off its servers (a load, an "
+                  "unload or a benchmark of another tenant there can raise its latency)")
     slo_window_days = models.PositiveSmallIntegerField(
         default=30, validators=[MinValueValidator(1), MaxValueValidator(30)],
         help_text="1 to 30: the days over which the SLO's error budget is counted",

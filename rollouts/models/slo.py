@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from fleet.models import InferenceServer
 from fleet.tenancy.scoping import scoped_manager
 
 from .deployments import Deployment
@@ -123,3 +124,35 @@ class RoutedMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class SloDisturbance(models.Model):
+    """A change on a shared server (a load, an unload, a benchmark) by one deployment that
+    coincided with another deployment on that server going over or near its SLO: its noisy
+    neighbour. Both deployments' pages show it; to another tenant the change is "a change on
+    this server" and the deployment it touched "another deployment on this server", never a
+    name. ``cause_key`` names the change (``load:<id>:<state>``, ``benchmark:<id>``), so
+    each is recorded once per affected deployment."""
+
+    class Kind(models.TextChoices):
+        LOAD = "load", "Load"
+        UNLOAD = "unload", "Unload"
+        BENCHMARK = "benchmark", "Benchmark"
+
+    affected = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="disturbances")
+    cause = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="disturbed")
+    server = models.ForeignKey(InferenceServer, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    cause_key = models.CharField(max_length=64)
+    cause_label = models.CharField(max_length=200, help_text="what changed, for those who may see the cause")
+    changed_at = models.DateTimeField()
+    detected_at = models.DateTimeField()
+    affected_state = models.CharField(max_length=16, choices=SloStatus.State.choices)
+    affected_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-detected_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["affected", "cause_key"], name="uniq_slo_disturbance")]
+
+    def __str__(self) -> str:
+        return f"{self.cause_key} on {self.server_id} near {self.affected}"

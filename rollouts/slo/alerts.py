@@ -27,7 +27,7 @@ from django.utils import timezone
 from fleet.webhooks import events as webhook_events
 from rollouts.models import Deployment, SloAlert, SloStatus
 
-from . import routed, status
+from . import neighbours, routed, status
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ def tick(now: datetime | None = None) -> dict[str, int]:
         if alert_open:
             verdict = status.evaluate(deployment, counts, alert_open=True)
         changed += _save(deployment, verdict, current.get(deployment.pk), now)
+        neighbours.record(deployment, verdict.state, verdict.reason, now)
     return {"deployments": len(deployments), "opened": opened, "resolved": resolved, "changed": changed}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Case, IntegerField, Value, When
 
 from rollouts.models import Deployment, SloAlert, SloStatus
+from rollouts.slo import neighbours
 
 #: The order troubled deployments are listed in: the worst first.
 SEVERITY = Case(When(state=SloStatus.State.BREACHING, then=Value(0)),
@@ -39,8 +40,9 @@ def summary(user: Any) -> dict[str, Any]:
     }
 
 
-def deployment_panel(deployment: Deployment) -> dict[str, Any]:
-    """A deployment's status (None before its first evaluation) and its latest alerts."""
+def deployment_panel(user: Any, deployment: Deployment) -> dict[str, Any]:
+    """A deployment's status (None before its first evaluation), its latest alerts, and the
+    changes on its servers that coincided with it or another going over its SLO."""
     found = SloStatus.objects.filter(deployment=deployment).first()
     objectives = []
     if found is not None:
@@ -54,6 +56,7 @@ def deployment_panel(deployment: Deployment) -> dict[str, Any]:
         "slo": found,
         "objectives": objectives,
         "alerts": list(SloAlert.objects.filter(deployment=deployment)[:SHOWN]),
+        "neighbours": neighbours.for_page(user, deployment, SHOWN),
         "window_days": deployment.slo_window_days,
         "budget_left_pct": None if found is None or found.budget_left is None else found.budget_left * 100,
     }

@@ -19,4 +19,4 @@ def slo_summary(request: HttpRequest) -> HttpResponse:
 def deployment_slo(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = visible_deployment(request, pk)
     return render(request, "rollouts/partials/deployment_slo.html",
-                  {"deployment": deployment, **pages.deployment_panel(deployment)})
+                  {"deployment": deployment, **pages.deployment_panel(request.user, deployment)})
