@@ -27,6 +27,8 @@ class QuotaRequestForm(DomainForm):
     memory_mib = forms.IntegerField(min_value=0, max_value=quota_requests.MAX_MEMORY_MIB, label="Memory in all (MiB)")
     until = forms.DateTimeField(
         required=False, label="Until (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Empty: for good",
         error_messages={"invalid": "enter a date and time such as 2030-01-31T18:00 (UTC)"})
     reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
                              error_messages={"required": "say why the tenant needs it"})

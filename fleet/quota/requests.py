@@ -8,12 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from console.exceptions import Conflict, DomainError
 from fleet import audit
 from fleet.audit import actor_label
-from fleet.models import GPU, Membership, Quota, QuotaRequest, Tenant
+from fleet.models import GPU, Membership, Node, Quota, QuotaRequest, Tenant
 from fleet.models.quotas import CPU_CLASS
 from fleet.quota.admission import mark_borrowed
 from fleet.tenancy.scoping import require_platform_admin, require_role
@@ -40,6 +41,7 @@ def ask(actor: Any, tenant: Tenant, device_class: str, units: int, memory_mib: i
         raise DomainError(f"unknown device class {device_class!r}; known: {', '.join(known)}",
                           field="device_class")
     _check_amounts(units, memory_mib)
+    _check_fleet_has(device_class, units, memory_mib)
     if not reason.strip():
         raise DomainError("say why the tenant needs it", field="reason")
     if until is not None and until <= timezone.now():
@@ -143,6 +145,40 @@ def _check_amounts(units: int, memory_mib: int) -> None:
     for field, value, most in (("units", units, MAX_UNITS), ("memory_mib", memory_mib, MAX_MEMORY_MIB)):
         if not 0 <= value <= most:
             raise DomainError(f"must be between 0 and {most}, got {value}", field=field)
+
+
+def fleet_capacity(device_class: str) -> tuple[int | None, int | None]:
+    """What the fleet has of ``device_class`` in all: (units, memory in MiB), None where it
+    is not known. A GPU class counts the GPUs of nodes still there and their memory; cpu
+    counts no units (model instances) and the memory of those nodes."""
+    nodes = Node.objects.filter(gone_at__isnull=True)
+    if device_class == CPU_CLASS:
+        memory = nodes.aggregate(total=Sum("memory_mib"))["total"] or 0
+        return None, memory or None
+    gpus = GPU.objects.filter(device_class=device_class, node__in=nodes).aggregate(
+        count=Count("id"), memory=Sum("memory_mib"))
+    if not gpus["count"]:
+        return None, None  # a class quoted ahead of its hardware: nothing to measure against
+    return gpus["count"], gpus["memory"] or 0
+
+
+def _size(mib: int) -> str:
+    for unit, size in (("PiB", 1 << 30), ("TiB", 1 << 20), ("GiB", 1 << 10)):
+        if mib >= size:
+            return f"{mib / size:.1f} {unit}".replace(".0 ", " ")
+    return f"{mib} MiB"
+
+
+def _check_fleet_has(device_class: str, units: int, memory_mib: int) -> None:
+    """A request for more than the whole fleet has is refused, saying how much exists."""
+    has_units, has_memory = fleet_capacity(device_class)
+    if has_units is not None and units > has_units:
+        raise DomainError(f"the fleet has {has_units} {device_class} GPU{'s' if has_units != 1 else ''} "
+                          f"in all: ask for at most {has_units}", field="units")
+    if has_memory is not None and memory_mib > has_memory:
+        what = "host memory of its nodes" if device_class == CPU_CLASS else f"{device_class} GPU memory"
+        raise DomainError(f"the fleet has {has_memory} MiB ({_size(has_memory)}) of {what} "
+                          f"in all: ask for at most {has_memory}", field="memory_mib")
 
 
 def _pending(request: QuotaRequest) -> QuotaRequest:

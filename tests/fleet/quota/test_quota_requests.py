@@ -50,7 +50,7 @@ def test_a_bad_request_is_refused_naming_the_field(alice, tenant_a, changes, fie
 
 def test_a_gpu_class_of_the_fleet_may_be_asked_for(alice):
     GPUFactory(node=NodeFactory(cluster=ClusterFactory()), device_class="nvidia-a100-80gb")
-    answer = api(alice).post("/api/v1/quota-requests/", asked(device_class="nvidia-a100-80gb"),
+    answer = api(alice).post("/api/v1/quota-requests/", asked(device_class="nvidia-a100-80gb", units=1),
                              format="json")
     assert answer.status_code == 201 and answer.json()["state"] == "pending"
 
