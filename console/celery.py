@@ -40,6 +40,8 @@ app = Celery("switchyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
+# One line per task received and done is DEBUG; state changes are the INFO lines.
+logs.TaskChatterAtDebug.install()
 # A task logs under the id of the request that sent it (console.logs).
 before_task_publish.connect(logs.carry_into_task, weak=False)
 task_prerun.connect(logs.adopt_in_task, weak=False)

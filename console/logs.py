@@ -42,6 +42,32 @@ class RefusalsInOneLine(logging.Filter):
         return True
 
 
+class TaskChatterAtDebug(logging.Filter):
+    """Celery's line for every task received and every task that succeeded (and beat's for
+    every task it sends) is DEBUG, not INFO: with ticks every second or two they would bury
+    the lines that matter, one per state change of a load, rollout, benchmark or workload
+    (rollouts.leases). Shown with ``SWITCHYARD_LOG_LEVEL=DEBUG`` (or ``-l debug``); a task
+    that failed or retried keeps its level."""
+
+    LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
+    CHATTER = ("Task %(name)s[%(id)s] received", "Task %(name)s[%(id)s] succeeded",
+               "Scheduler: Sending due task")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not str(record.msg).startswith(self.CHATTER):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+    @classmethod
+    def install(cls) -> None:
+        """Put the filter on Celery's loggers (once; the worker's and beat's import does)."""
+        for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in logger.filters):
+                logger.addFilter(cls())
+
+
 # --------------------------------------------------------------------------------------------
 # Request ids and what a log line is about
 # --------------------------------------------------------------------------------------------

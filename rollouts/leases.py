@@ -77,15 +77,33 @@ def claim(
     return row
 
 
-def update(row: LeasedJob, where: dict[str, Any] | None = None, /, **fields: Any) -> None:
+# How the worker's log names a row whose state changed.
+NOUNS = {"ModelLoad": "load", "Rollout": "rollout", "BenchmarkJob": "benchmark",
+         "ServerWorkload": "workload"}
+
+
+def update(row: LeasedJob, where: dict[str, Any] | None = None, /, *, said: str = "",
+           **fields: Any) -> None:
     """Write ``fields`` (and ``updated_at``, now unless given) only while we still hold the
-    row's lease (and it still matches ``where``); else :class:`LostLease`."""
+    row's lease (and it still matches ``where``); else :class:`LostLease`.
+
+    A change of ``state`` is the one line the worker logs at INFO for the row ("load 12:
+    fetching → verifying: ..."), with ``said`` (or the phase, detail or error written) as
+    its why; everything else a step does is DEBUG or its own timeline.
+    """
+    before = getattr(row, "state", None)
     fields.setdefault("updated_at", timezone.now())
     guard = {"pk": row.pk, "lease_owner": row.lease_owner, **(where or {})}
     if not type(row).objects.filter(**guard).update(**fields):
         raise LostLease
     for key, value in fields.items():
         setattr(row, key, value)
+    if "state" in fields and fields["state"] != before:
+        why = said or next((str(fields[k]) for k in ("phase", "detail", "reason", "error")
+                            if fields.get(k)), "")
+        noun = NOUNS.get(type(row).__name__, type(row).__name__.lower())
+        log.info("%s %s: %s → %s%s", noun, row.pk, before, fields["state"],
+                 f": {why}" if why else "")
 
 
 def release(row: LeasedJob, **fields: Any) -> None:

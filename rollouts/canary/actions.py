@@ -23,16 +23,17 @@ State = Rollout.State
 Kind = RolloutEvent.Kind
 
 
-def update(rollout: Rollout, **fields: Any) -> None:
-    """Write fields only while we still hold the lease."""
-    leases.update(rollout, **fields)
+def update(rollout: Rollout, *, said: str = "", **fields: Any) -> None:
+    """Write fields only while we still hold the lease (a change of state is logged, with
+    ``said`` as its why)."""
+    leases.update(rollout, said=said, **fields)
 
 
 def move(rollout: Rollout, to: str, message: str, *, kind: str = Kind.STATE,
           data: dict[str, Any] | None = None, **fields: Any) -> None:
     previous = rollout.state
     with transaction.atomic():  # the state, its event and its notification, together
-        update(rollout, state=to, **fields)
+        update(rollout, state=to, said=message, **fields)
         record_event(rollout, kind, message, data=data)
         if to != previous:
             notify(rollout, "rollout.state_changed", previous)

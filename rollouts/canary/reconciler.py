@@ -387,7 +387,7 @@ def _advance(rollout: Rollout) -> tuple[str | None, bool]:
                                      f"{rollout.get_state_display().lower()} ({type(exc).__name__}: "
                                      f"{exc})", State.FAILED)
     except leases.LostLease:
-        log.info("rollout %s: another worker took over", rollout_id)
+        log.debug("rollout %s: another worker took over", rollout_id)
         return None, False
     finally:
         leases.release(

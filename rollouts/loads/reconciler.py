@@ -62,10 +62,10 @@ def _update(load: ModelLoad, **fields: Any) -> None:
 
 
 def _move(load: ModelLoad, to: str, message: str, **fields: Any) -> None:
-    log.info("%s → %s: %s", load.state, to, message)
     now = timezone.now()
     with transaction.atomic():  # the state and its event, together
-        _update(load, state=to, phase_started_at=now, attempts=0, next_attempt_at=None, **fields)
+        _update(load, state=to, phase_started_at=now, attempts=0, next_attempt_at=None,
+                said=message, **fields)
         record_event(load, message, to)
 
 
@@ -386,7 +386,7 @@ def _advance(load: ModelLoad) -> str | None:
                 error_trace=traceback.format_exc(),
             )
     except leases.LostLease:
-        log.info("load %s: another worker took over", load_id)
+        log.debug("load %s: another worker took over", load_id)
         return None
     finally:
         leases.release(load)

@@ -240,7 +240,8 @@ def _tick(store: redis.Redis, deployments: list[Deployment], servers: dict[int, 
         pk = scraped.server.pk
         if scraped.text is None:
             # The previous scrape stays: the next success spans the gap at the right rate.
-            log.info("metrics of %s: %s", scraped.server, scraped.error)
+            # Every tick while it lasts: the server's health probe logs its change of state.
+            log.debug("metrics of %s: %s", scraped.server, scraped.error)
             failed += 1
             telemetry.count(telemetry.SCRAPE_FAILURES, {"server": scraped.server.name,
                                               "cluster": scraped.server.cluster.name})

@@ -497,7 +497,7 @@ def advance(workload_id: int) -> str | None:
             log.exception("workload %s: unexpected error in %s", workload_id, workload.state)
             _give_up(workload, f"Switchyard failed unexpectedly ({type(exc).__name__}: {exc})")
     except leases.LostLease:
-        log.info("workload %s: moved on elsewhere", workload_id)
+        log.debug("workload %s: moved on elsewhere", workload_id)
         return None
     finally:
         leases.release(workload)
