@@ -6,7 +6,9 @@ The rules are the Google SRE workbook's multiwindow, multi-burn-rate alerts, per
 14.4 times the budget's rate (2% of a 30-day budget in an hour), **slow burn** when the last
 6 hours and the last 30 minutes both burn over 6 (5% in 6 hours). An alert opens as a
 ``SloAlert`` row when both windows of its rule burn over the factor and resolves when the
-short window no longer does (so it ends minutes after the traffic recovers, not hours). A
+short window no longer does, once it has been open for its short window at least (so it
+ends minutes after the traffic recovers, not hours, and a start-up burst whose windows are
+all the same minute does not open and resolve it within seconds). A
 slow burn does not open on an objective a fast burn already fires on (Alertmanager users
 write the same inhibition): one page for one incident.
 ``deploy/prometheus/slo-rules.yml`` states the same rules for Prometheus.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -70,7 +72,8 @@ def tick(now: datetime | None = None) -> dict[str, int]:
                 if alert is None and burning:
                     opened += _open(deployment, rule, sli, long, short, now)
                     alert_open = True
-                elif alert is not None and (short is None or short <= rule.factor):
+                elif alert is not None and (short is None or short <= rule.factor) and \
+                        now - alert.opened_at >= timedelta(seconds=status.WINDOWS[rule.short]):
                     resolved += _resolve(alert, short, now)
                 else:
                     alert_open = alert_open or alert is not None

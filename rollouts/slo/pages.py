@@ -31,7 +31,7 @@ def summary(user: Any) -> dict[str, Any]:
     firing = (SloAlert.objects.visible_to(user).filter(state=SloAlert.State.FIRING)
               .select_related("deployment__tenant"))
     return {
-        "counts": [(SloStatus.State(s), counts[s]) for s in SloStatus.State.values],
+        "counts": [(SloStatus.State(s), counts[s]) for s in SloStatus.State.values if counts[s]],
         "troubled": list(troubled[:SHOWN]),
         "troubled_count": troubled.count(),
         "firing": list(firing[:SHOWN]),

@@ -71,7 +71,7 @@ def test_a_load_that_coincides_with_a_breach_shows_on_both_pages_unnamed_across_
     assert SloDisturbance.objects.filter(affected=scorer).count() == 2
     client.force_login(alice)
     page = client.get(f"/registry/deployments/{scorer.pk}/slo/", headers={"HX-Request": "true"}).content.decode()
-    assert "A change on this server on triton-shared" in page
+    assert "A change on this server (triton-shared)" in page
     assert "Load of sibling-model v2 (deployment sibling)" in page
     assert "secret-ranker" not in page and "ranker" not in page
 
@@ -84,7 +84,7 @@ def test_a_load_that_coincides_with_a_breach_shows_on_both_pages_unnamed_across_
 
 def test_a_production_deployment_that_guards_its_servers_keeps_other_tenants_loads_off(
         shared, tenant_a, tenant_b, settings):
-    scorer, ranker, sibling, server = shared
+    scorer, ranker, sibling, _server = shared
     deployer_b = MembershipFactory(tenant=tenant_b, role=Membership.Role.DEPLOYER).user
     deployer_a = MembershipFactory(tenant=tenant_a, role=Membership.Role.DEPLOYER).user
     QuotaFactory(tenant=tenant_a)

@@ -156,9 +156,13 @@ def test_a_fast_burn_opens_one_alert_tells_every_format_and_resolves_when_traffi
     assert page["dedup_key"] == f"switchyard-slo-alert-{alert.pk}"
     assert page["payload"]["severity"] == "critical" and page["payload"]["component"] == d.name
 
-    # The traffic recovers: the last five minutes are clean, the alert resolves.
-    minutes(d, 6, 0, rpm=600)
-    assert alerts.tick(NOW + timedelta(minutes=1))["resolved"] == 1
+    # The traffic recovers. A minute later the last five minutes still burn (and it has not
+    # been open five minutes): it stays. Five clean minutes later it resolves.
+    minutes(d, 0, 0, rpm=600, now=NOW + timedelta(minutes=1))
+    assert alerts.tick(NOW + timedelta(minutes=1))["resolved"] == 0
+    later = NOW + timedelta(minutes=6)
+    minutes(d, 4, 0, rpm=600, now=later)
+    assert alerts.tick(later)["resolved"] == 1
     alert.refresh_from_db()
     assert alert.state == "resolved" and [e["text"].split(":")[0] for e in alert.events] == ["opened", "resolved"]
     resolved = WebhookDelivery.objects.get(event="slo.alert_resolved", webhook__format="pagerduty")

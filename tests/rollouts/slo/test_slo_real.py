@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import httpx
 import pytest
 from django.db.models import Sum
 from django.test import TestCase
+from django.utils import timezone
 
 from fleet.adapters.routers.base import RouteSpec, Variant
 from fleet.models import InferenceServer, Membership, WebhookDelivery
@@ -87,12 +89,12 @@ def send(url: str, count: int, body: dict = INFER) -> Counter:
         return Counter(client.post(INFER_PATH, json=body).status_code for _ in range(count))
 
 
-def ticks() -> None:
-    """A scrape (Triton's counters since the last one) and an SLO evaluation, with what the
-    evaluation queued for the webhooks handed over as a commit does."""
+def ticks(now: datetime | None = None) -> None:
+    """A scrape (Triton's counters since the last one) and an SLO evaluation (as at ``now``),
+    with what the evaluation queued for the webhooks handed over as a commit does."""
     latency.tick()
     with TestCase.captureOnCommitCallbacks(execute=True):
-        alerts.tick()
+        alerts.tick(now)
 
 
 def deliver(event: str) -> None:
@@ -139,11 +141,15 @@ def test_a_breach_the_router_saw_shows_alerts_a_webhook_and_resolves(
     assert opened["text"].startswith(f"SLO alert opened: {deployment.name}: fast burn of its error budget")
     assert {"type": "section", "text": {"type": "mrkdwn", "text": opened["text"]}} in opened["blocks"]
 
-    # All traffic back on v1; good requests drown the failures under 14.4x a 1% budget.
+    # All traffic back on v1; good requests drown the failures under 14.4x a 1% budget,
+    # and once the alert has been open for its short window (5 minutes on) it resolves.
     url = route_to(router, deployment, local_triton, 100, 0)
     assert send(url, 20 * codes[500]) == {200: 20 * codes[500]}
     wait_for_samples(deployment.pk, 50 + 20 * codes[500])
     ticks()
+    alert.refresh_from_db()
+    assert alert.state == "firing"
+    ticks(timezone.now() + timedelta(minutes=5))
     alert.refresh_from_db()
     assert alert.state == "resolved", alert.events
     deliver("slo.alert_resolved")
