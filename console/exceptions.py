@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,7 +68,10 @@ class FieldErrors:
     earlier one's result run only when it passed (:meth:`refused`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, given: Mapping[str, list[str]] | None = None) -> None:
+        """``given``: refusals found before the domain's checks (an API body's shape, field
+        by field); the domain's own refusals of those fields are then left out."""
+        self.given = {name: list(messages) for name, messages in (given or {}).items()}
         self.found: list[DomainError] = []
 
     @contextmanager
@@ -78,25 +81,32 @@ class FieldErrors:
         except DomainError as exc:
             if exc.status_code != 400 or not exc.field:
                 raise
-            self.found.append(exc)
+            if top_field(exc.field) not in self.given:
+                self.found.append(exc)
 
     def refused(self, *fields: str) -> bool:
         """Whether any of ``fields`` (or a path under one) was refused."""
-        return any(str(name).split(".")[0].split("[")[0] in fields
-                   for exc in self.found for name in exc.by_field())
+        return any(top_field(name) in fields for name in self.given) or any(
+            top_field(name) in fields for exc in self.found for name in exc.by_field())
 
     def raise_any(self) -> None:
         """Raise what was gathered: the one refusal, or one naming every field."""
-        if not self.found:
+        if not self.found and not self.given:
             return
-        first, *rest = self.found
-        if not rest:
-            raise first
-        also = {name: list(messages) for name, messages in first.also.items()}
-        for exc in rest:
-            for name, messages in exc.by_field().items():
-                also.setdefault(str(name), []).extend(messages)
-        raise DomainError(first.message, field=first.field, also=also)
+        if len(self.found) == 1 and not self.given:
+            raise self.found[0]
+        pairs = [(name, message) for name, messages in self.given.items() for message in messages]
+        pairs += [(str(name), message) for exc in self.found
+                  for name, messages in exc.by_field().items() for message in messages]
+        (field, message), also = pairs[0], {}
+        for name, text in pairs[1:]:
+            also.setdefault(name, []).append(text)
+        raise DomainError(message, field=field, also=also)
+
+
+def top_field(path: str | None) -> str:
+    """The field of a body a path names (``steps`` of ``steps[2].set_weight``)."""
+    return str(path or "").split(".")[0].split("[")[0]
 
 
 class Conflict(DomainError):

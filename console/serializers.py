@@ -1,4 +1,5 @@
-"""What holds for every serializer of the API: unknown fields are refused, by name."""
+"""What holds for every serializer of the API: unknown fields are refused, by name; a body
+refused on some fields still has the rest checked by the domain (:func:`refused_and_valid`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.fields import SkipField
 from rest_framework.utils import html
 
 
@@ -67,3 +69,26 @@ class JSONInput(serializers.Field):
 
     def to_representation(self, value: Any) -> Any:
         return value
+
+
+def refused_and_valid(body: serializers.Serializer, needed: tuple[str, ...] = ()
+                      ) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """After ``body.is_valid()`` failed: its refusals by field, and the fields that pass their
+    own checks (defaults included), so that the domain checks those too and one answer names
+    every field at fault (``console.exceptions.FieldErrors``). Raises the body's own refusal
+    when it is not one list of messages per field (a nested one) or refuses a field in
+    ``needed``, without which the domain can check nothing (the deployment)."""
+    errors = body.errors
+    flat = all(isinstance(messages, list) and all(isinstance(m, str) for m in messages)
+               for messages in errors.values())
+    if not flat or not isinstance(body.initial_data, Mapping) or set(needed) & set(errors):
+        raise serializers.ValidationError(errors)
+    valid: dict[str, Any] = {}
+    for name, field in body.fields.items():
+        if field.read_only or name in errors:
+            continue
+        try:
+            valid[field.source] = field.run_validation(field.get_value(body.initial_data))
+        except (serializers.ValidationError, SkipField):
+            continue
+    return {name: [str(m) for m in messages] for name, messages in errors.items()}, valid

@@ -176,13 +176,15 @@ class BenchmarkRequestSerializer(StrictFieldsMixin, serializers.Serializer):
         if request is not None:
             self.fields["deployment"].queryset = Deployment.objects.visible_to(request.user)
 
-    def to_domain(self) -> dict[str, Any]:
-        """create_job's keyword arguments."""
-        data = dict(self.validated_data)
+    def to_domain(self, valid: dict[str, Any] | None = None) -> dict[str, Any]:
+        """create_job's keyword arguments (from ``valid``, the fields that passed, when the
+        body was refused on others)."""
+        data = dict(self.validated_data if valid is None else valid)
         data.pop("deployment")
         for key in ("duration_s", "warmup_s", "error_limit"):
-            value = data[key]
-            data[key] = int(value) if float(value).is_integer() else value
+            if key in data:
+                value = data[key]
+                data[key] = int(value) if float(value).is_integer() else value
         return data
 
 

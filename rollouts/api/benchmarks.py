@@ -22,9 +22,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.exceptions import DomainError
+from console.exceptions import DomainError, FieldErrors
 from console.filters import FilterSet, IntegerFilter, parse_integer
 from console.schema import AutoSchema
+from console.serializers import refused_and_valid
 from fleet.api.base import (
     DEPLOYER_WRITES,
     MAX_IDEMPOTENCY_KEY,
@@ -137,12 +138,14 @@ class BenchmarkJobViewSet(
         Idempotency-Key. One job per server at a time."""
         body = BenchmarkRequestSerializer(data=request.data,
                                           context=self.get_serializer_context())
-        body.is_valid(raise_exception=True)
+        # A body refused on some fields has the others checked too: one 400 names them all.
+        refused, valid = ({}, body.validated_data) if body.is_valid() else refused_and_valid(
+            body, needed=("deployment",))
         key = idempotency_key(request)
         try:
             found, made = job_requests.create_job(
-                request.user, body.validated_data["deployment"], idempotency_key=key,
-                **body.to_domain(),
+                request.user, valid["deployment"], idempotency_key=key,
+                errors=FieldErrors(refused), **body.to_domain(valid),
             )
         except DomainError as exc:
             raise named_at_the_top(exc) from None

@@ -27,9 +27,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.exceptions import DomainError
+from console.exceptions import DomainError, FieldErrors
 from console.filters import FilterSet
-from console.serializers import JSONInput, StrictFieldsMixin
+from console.serializers import JSONInput, StrictFieldsMixin, refused_and_valid
 from fleet.api.base import DEPLOYER_WRITES, TenantScopedViewSetMixin, idempotency_key
 from fleet.api.refs import IdOrNameField, IdOrNameFilter
 from rollouts.api.rollout_schemas import (
@@ -194,9 +194,10 @@ class RolloutRequestSerializer(StrictFieldsMixin, serializers.Serializer):
         if request is not None:
             self.fields["deployment"].queryset = Deployment.objects.visible_to(request.user)
 
-    def to_domain(self) -> dict[str, Any]:
-        """create_rollout's keyword arguments."""
-        data = dict(self.validated_data)
+    def to_domain(self, valid: dict[str, Any] | None = None) -> dict[str, Any]:
+        """create_rollout's keyword arguments (from ``valid``, the fields that passed, when
+        the body was refused on others)."""
+        data = dict(self.validated_data if valid is None else valid)
         data.pop("deployment")
         data["analysis_settings"] = data.pop("analysis", None)
         if "variants" in data:
@@ -433,12 +434,14 @@ class RolloutViewSet(
         earlier request with the same Idempotency-Key. A production deployment's rollout (or
         one with ``require_approval``) waits in pending_approval for an approver."""
         body = RolloutRequestSerializer(data=request.data, context=self.get_serializer_context())
-        body.is_valid(raise_exception=True)
+        # A body refused on some fields has the others checked too: one 400 names them all.
+        refused, valid = ({}, body.validated_data) if body.is_valid() else refused_and_valid(
+            body, needed=("deployment",))
         key = idempotency_key(request)
         try:
             found, made = rollout.create_rollout(
-                request.user, body.validated_data["deployment"], idempotency_key=key,
-                **body.to_domain(),
+                request.user, valid["deployment"], idempotency_key=key,
+                errors=FieldErrors(refused), **body.to_domain(valid),
             )
         except DomainError as exc:
             raise named_at_the_top(exc) from None

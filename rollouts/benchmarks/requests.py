@@ -85,7 +85,7 @@ def create_job(
     actor: Any,
     deployment: Deployment,
     *,
-    version: object,
+    version: object = None,
     server: object = None,
     protocol: object = None,
     mode: object = BenchmarkJob.Mode.CONCURRENCY,
@@ -99,15 +99,17 @@ def create_job(
     request: object = None,
     configs: object = None,
     idempotency_key: str = "",
+    errors: FieldErrors | None = None,
 ) -> tuple[BenchmarkJob, bool]:
     """Ask for a benchmark (deployer role); returns (job, made now). A job already running
-    on the server is a Conflict; the same ``idempotency_key`` replays the first request."""
+    on the server is a Conflict; the same ``idempotency_key`` replays the first request.
+    Every field refused is named in one answer, with those in ``errors`` (found before)."""
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     if deployment.archived_at is not None:
         raise Conflict(f"deployment {deployment.name} is archived", field="deployment")
     # Every field the request got wrong is named in one answer; checks that need the version,
     # the server or the protocol run once those passed.
-    errors = FieldErrors()
+    errors = FieldErrors() if errors is None else errors
     found, target, chosen_protocol = None, None, None
     parsed_configs: list[dict[str, Any]] = []
     fields: dict[str, Any] = {"mode": mode}

@@ -109,6 +109,7 @@ def create_rollout(
     require_approval: bool = False,
     idempotency_key: str = "",
     reason: str = "",
+    errors: FieldErrors | None = None,
 ) -> tuple[Rollout, bool]:
     """Ask for a rollout of the deployment (deployer role); returns (rollout, made now).
 
@@ -120,12 +121,14 @@ def create_rollout(
     and ends without moving traffic or promoting. A production deployment (or
     ``require_approval``) waits for an approver first. A second rollout while one is in
     flight on the deployment is a Conflict on ``deployment``; the same ``idempotency_key``
-    replays the first request (a Conflict if it asked for something else).
+    replays the first request (a Conflict if it asked for something else). Every field
+    refused is named in one answer; ``errors`` carries refusals found before (an API body's
+    shape), so that answer names those too.
     """
     require_role(actor, deployment.tenant, Membership.Role.DEPLOYER)
     # Every field the request got wrong is named in one answer (errors.gather keeps a field's
     # refusal and goes on); a conflict with the deployment's state is answered at once.
-    errors = FieldErrors()
+    errors = FieldErrors() if errors is None else errors
     header, seconds, size, alias_given = "", None, None, None
     # What the request says on its own, whatever the deployment's state (as the API's body
     # was checked before anything else).

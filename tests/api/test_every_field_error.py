@@ -79,6 +79,43 @@ def test_a_benchmark_with_its_domain_fields_wrong_names_each(dave, tenant_a):
     assert not BenchmarkJob.objects.exists()
 
 
+def test_a_body_refused_in_shape_and_in_the_domain_names_both_at_once(dave, tenant_a):
+    """GIVEN a rollout whose version is not a number (the body's shape) and whose steps and
+    sticky header the domain refuses THEN one 400 names all three."""
+    plain = Plain(tenant_a)
+    response = api_as(dave).post("/api/v1/rollouts/", {
+        "deployment": plain.deployment.pk, "version": "two", "sticky_header": "not a header!",
+        "steps": [{"set_weight": 500}],
+    }, format="json")
+
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert sorted(body) == ["steps", "sticky_header", "version"], body
+    assert body["version"] == ["A valid integer is required."]  # the shape's, not the domain's
+    assert not Rollout.objects.exists()
+
+
+def test_a_benchmark_refused_in_shape_and_in_the_domain_names_both_at_once(dave, tenant_a):
+    setup = Setup(tenant_a)
+    response = api_as(dave).post("/api/v1/benchmarks/", {
+        "deployment": setup.deployment.pk, "duration_s": 0, "warmup_s": -1,
+        "slo": {"p99": 5}, "server": "nowhere",
+    }, format="json")
+
+    assert response.status_code == 400, response.content
+    assert sorted(response.json()) == ["duration_s", "server", "slo", "version", "warmup_s"], (
+        response.json())
+    assert not BenchmarkJob.objects.exists()
+
+
+def test_without_a_deployment_the_shape_alone_is_answered(dave, tenant_a):
+    response = api_as(dave).post("/api/v1/rollouts/", {"deployment": 10**6, "version": "two"},
+                                 format="json")
+
+    assert response.status_code == 400
+    assert sorted(response.json()) == ["deployment", "version"]
+
+
 def test_gathering_keeps_input_refusals_and_lets_conflicts_through():
     errors = FieldErrors()
     with errors.gather():
