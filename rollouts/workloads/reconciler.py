@@ -274,10 +274,16 @@ def _record_stopped(workload: ServerWorkload) -> None:
 def _give_up(workload: ServerWorkload, reason: str, **fields: Any) -> None:
     """The change cannot be completed: roll back a change, end a creation."""
     if workload.state == State.ROLLING_BACK:
-        _move(workload, State.FAILED, f"the roll-back could not be applied: {reason}; the "
-                                      "Deployment may still run the new spec",
-              error=f"{workload.error}; roll-back failed: {reason}", deadline_at=None, **fields)
-        audit.record(None, "workload_failed", workload, tenant=workload.tenant, reason=reason)
+        # Never failed either: the Deployment may run the new spec or the old one, so both
+        # versions' quota stays held while the roll-back is tried again (or the workload
+        # is deleted); a failed workload holds no quota.
+        if not workload.detail.startswith("the roll-back could not be applied"):
+            audit.record(None, "workload_rollback_stuck", workload, tenant=workload.tenant, reason=reason)
+        _update(workload, attempts=workload.attempts + 1,
+                detail=f"the roll-back could not be applied: {reason}; the Deployment may still run "
+                       f"the new spec, so both versions' quota stays held until it is rolled back or "
+                       f"deleted (tried again every {MAX_BACKOFF_S} s)",
+                next_attempt_at=timezone.now() + timedelta(seconds=MAX_BACKOFF_S), **fields)
         return
     if workload.state == State.DELETING:
         # Never failed: what is still on the cluster holds its GPUs, so the workload keeps
@@ -414,7 +420,8 @@ STEPS: dict[str, Callable[[ServerWorkload], None]] = {
 
 def _retry(workload: ServerWorkload, exc: KubeError) -> None:
     """A transient failure: try again, backing off, until the change's deadline (a roll-back
-    or a deletion keeps trying; a roll-back gives up after MAX_ROLLBACK_ATTEMPTS)."""
+    or a deletion keeps trying; a roll-back backs off to MAX_BACKOFF_S after
+    MAX_ROLLBACK_ATTEMPTS, holding both versions' quota)."""
     attempts = workload.attempts + 1
     now = timezone.now()
     past_deadline = workload.deadline_at is not None and now >= workload.deadline_at

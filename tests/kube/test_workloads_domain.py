@@ -712,8 +712,8 @@ def test_only_vllm_servers_roll_their_version(fraud, dave, fake_kube):
         workloads.roll_version(workload, v2, dave)
 
 
-def test_a_rollback_that_cannot_be_applied_ends_failed_saying_so(chat, dave, fake_kube,
-                                                                 settings):
+def test_a_rollback_that_cannot_be_applied_keeps_trying_holding_both_versions_quota(
+        chat, dave, fake_kube, settings):
     settings.SWITCHYARD_KUBE_FORBIDDEN_WINDOW_S = 0  # a refusal (403) is final at once
     workload = ready_vllm(chat, dave, fake_kube)
     _deployment, (_v1, v2) = chat
@@ -725,9 +725,17 @@ def test_a_rollback_that_cannot_be_applied_ends_failed_saying_so(chat, dave, fak
 
     workload = step(workload)
 
-    assert workload.state == State.FAILED
+    # Not failed: what runs may be either spec, so both versions' quota stays held.
+    assert workload.state == State.ROLLING_BACK
     assert "roll-back could not be applied: forbidden by RBAC (403)" in workload.detail
+    assert "both versions' quota stays held" in workload.detail
     assert held(workload) == [(1, 1, 40960, "active"), (2, 1, 40960, "loading")]
+
+    # Once the API server takes it, the roll-back applies: failed, only v1's quota held.
+    ServerWorkload.objects.filter(pk=workload.pk).update(next_attempt_at=None)
+    workload = step(workload)
+    assert (workload.state, workload.version.version) == (State.FAILED, 1)
+    assert [h[0] for h in held(workload) if h[3] != "released"] == [1]
 
 
 # --- deleting -------------------------------------------------------------------------------
