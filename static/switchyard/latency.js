@@ -366,30 +366,59 @@
       }
     }
     var slo = spec.slo ? num(data[spec.slo.key]) : null;
-    var ytop = dmax > 0 ? dmax * 1.15 : 1;
-    if (slo != null && slo > 0 && (dmax <= 0 || slo <= dmax * 3)) ytop = Math.max(ytop, slo * 1.15);
+    // A spike far above the rest (over 3x the 95th percentile of the values in view) would
+    // flatten every other point: the range stops above the rest and the spike is marked.
+    var inView = [], peak = null;
+    for (var a = 1; a < aligned.length; a++) {
+      for (var k = 0; k < x.length; k++) {
+        var w = aligned[a][k];
+        if (x[k] >= xmin && w != null) {
+          inView.push(w);
+          if (peak == null || w > peak.v) peak = { t: x[k], v: w };
+        }
+      }
+    }
+    inView.sort(function (m, n) { return m - n; });
+    var q95 = inView.length ? inView[Math.min(inView.length - 1, Math.floor(inView.length * 0.95))] : 0;
+    var clipped = q95 > 0 && dmax > 3 * q95 ? peak : null;
+    var shown = clipped ? q95 * 1.6 : dmax;
+    var ytop = shown > 0 ? shown * 1.15 : 1;
+    if (slo != null && slo > 0 && (shown <= 0 || slo <= shown * 3)) ytop = Math.max(ytop, slo * 1.15);
+    if (clipped && clipped.v <= ytop) clipped = null;   // the SLO line made room for it
 
+    if (slo != null && slo > 0 && !lines.length && !spec.needs) {
+      // No traffic yet: the SLO line alone, across the window, so the chart says what it holds to.
+      lines.push({ slo: true, label: spec.slo.label });
+      return { lines: lines, data: [[xmin, xmax], [slo, slo]], xmin: xmin, xmax: xmax,
+               ytop: slo * 1.5, slo: slo, clipped: null, empty: true };
+    }
     if (slo != null && lines.length) {
       lines.push({ slo: true, label: spec.slo.label });
       aligned.push(x.map(function () { return slo; }));
     }
-    return { lines: lines, data: aligned, xmin: xmin, xmax: xmax, ytop: ytop, slo: slo };
+    return { lines: lines, data: aligned, xmin: xmin, xmax: xmax, ytop: ytop, slo: slo, clipped: clipped };
   };
 
   Chart.prototype.render = function (data) {
     var b = this.build(data);
     var st = this.state;
-    st.xmin = b.xmin; st.xmax = b.xmax; st.ytop = b.ytop; st.slo = b.slo;
+    st.xmin = b.xmin; st.xmax = b.xmax; st.ytop = b.ytop; st.slo = b.slo; st.clipped = b.clipped;
+    this.el.dataset.ytop = String(b.ytop);
+    if (b.clipped) this.el.dataset.clipped = String(b.clipped.v); else delete this.el.dataset.clipped;
 
-    if (!b.lines.length) {
+    if (!b.lines.length || b.empty) {
       this.note.textContent = this.spec.needs && versionKeys(data).length
         ? "This model reports no token timings (" + this.spec.needs + "); only LLM runtimes do."
         : "No traffic in this window yet.";
       this.note.hidden = false;
-      if (this.plot) { this.plot.destroy(); this.plot = null; this.signature = null; }
-      return;
+      this.note.classList.toggle("over-plot", !!b.lines.length);   // a banner over the SLO line
+      if (!b.lines.length) {
+        if (this.plot) { this.plot.destroy(); this.plot = null; this.signature = null; }
+        return;
+      }
+    } else {
+      this.note.hidden = true;
     }
-    this.note.hidden = true;
 
     // Same series as last time: just swap the data. Otherwise rebuild the plot.
     var sig = b.lines.map(function (l) { return l.label; }).join("|");
@@ -403,7 +432,7 @@
   };
 
   Chart.prototype.options = function (lines) {
-    var st = this.state, unit = this.spec.unit, slo = this.spec.slo;
+    var st = this.state, unit = this.spec.unit, slo = this.spec.slo, el = this.el;
     var px = uPlot.pxRatio || 1;
     var ink = cssVar("--ink", "#1c2330"), muted = cssVar("--muted", "#5b6472");
     var grid = cssVar("--line", "#dde1e7");
@@ -446,8 +475,15 @@
         // 24-hour times in UTC, as every time in the console; the date where the view spans
         // more than a day.
         Object.assign({}, axis, { values: function (u, splits) {
+          // Minutes where they tell the ticks apart; seconds too where they would repeat.
           var days = st.xmax - st.xmin > 86400;
-          return splits.map(function (v) { return (days ? dayUTC(v) + " " : "") + clockUTC(v, false); });
+          var label = function (sec) {
+            return splits.map(function (v) { return (days ? dayUTC(v) + " " : "") + clockUTC(v, sec); });
+          };
+          var out = label(false);
+          if (new Set(out).size < out.length) out = label(true);
+          el.dataset.xLabels = out.join(",");
+          return out;
         } }),
         Object.assign({}, axis, { label: unit, labelSize: 18, size: 48,
           values: function (u, splits) { return splits.map(function (v) { return String(+v.toFixed(3)); }); } }),
@@ -458,7 +494,10 @@
         return !l ? "solid" : l.slo ? "dotted" : l.dash ? "dashed" : "solid";
       } } },
       cursor: { drag: { x: false, y: false } },
-      hooks: { draw: [function (u) { drawSloLabel(u, st.slo, slo && slo.label, unit, ink); }] },
+      hooks: { draw: [function (u) {
+        drawSloLabel(u, st.slo, slo && slo.label, unit, ink);
+        drawClipped(u, st.clipped, unit, ink);
+      }] },
     });
   };
 
@@ -492,6 +531,29 @@
     ctx.textAlign = "left";
     ctx.textBaseline = "middle";
     ctx.fillText(text, x, top + h / 2);
+    ctx.restore();
+  }
+
+  // A spike cut off at the top of the chart: a mark where it is, with its value.
+  function drawClipped(u, peak, unit, ink) {
+    if (!peak) return;
+    var ctx = u.ctx, px = uPlot.pxRatio || 1, bb = u.bbox;
+    var x = u.valToPos(peak.t, "x", true);
+    if (x < bb.left || x > bb.left + bb.width) return;
+    var text = "peak " + fmt(peak.v, unit) + " (off the scale)";
+    ctx.save();
+    ctx.fillStyle = SLO_COLOUR;
+    ctx.beginPath();
+    ctx.moveTo(x, bb.top); ctx.lineTo(x - 5 * px, bb.top + 8 * px); ctx.lineTo(x + 5 * px, bb.top + 8 * px);
+    ctx.closePath(); ctx.fill();
+    ctx.font = Math.round(11 * px) + "px system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif";
+    var w = ctx.measureText(text).width, h = 14 * px, pad = 3 * px;
+    var left = Math.min(Math.max(bb.left, x - w / 2), bb.left + bb.width - w - 2 * pad);
+    var top = bb.top + 24 * px;   // below the SLO line's label, which sits at the top left
+    ctx.fillStyle = "rgba(255,255,255,0.8)";
+    ctx.fillRect(left - pad, top, w + 2 * pad, h);
+    ctx.fillStyle = ink; ctx.textAlign = "left"; ctx.textBaseline = "middle";
+    ctx.fillText(text, left, top + h / 2);
     ctx.restore();
   }
 

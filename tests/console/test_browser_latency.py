@@ -146,3 +146,42 @@ def test_the_chart_polls_only_what_is_new_and_offers_longer_windows(open_page, l
         page.locator("#latency").screenshot(path=str(SCREENSHOTS / "latency-24h.png"))
     finally:
         store.delete(key, labels)
+
+
+def test_a_spike_is_marked_not_flattening_and_an_empty_chart_still_draws_its_slo(
+        open_page, live_server, transactional_db):
+    """One 2 s spike among 5 ms points: the chart's range stops above the rest and marks the
+    spike (its value kept); the time axis names each tick once; a deployment without traffic
+    draws its SLO line across the window, saying there is no traffic yet."""
+    alice = UserFactory(username="alice")
+    tenant = MembershipFactory(user=alice, role=Membership.Role.ADMIN).tenant
+    spiky = DeploymentFactory(tenant=tenant, name="spiky", slo_p99_ms=50)
+    quiet = DeploymentFactory(tenant=tenant, name="quiet", slo_p99_ms=50)
+    now = time.time()
+    store = latency._redis()
+    key, labels = latency._series_key(spiky.pk, "v1"), latency._labels_key(spiky.pk)
+    for t in range(int(now) - 280, int(now)):
+        p99 = 2000.0 if t == int(now) - 140 else 5.0
+        store.zadd(key, {json.dumps({"t": t, "rps": 2.0, "error_rate": 0.0, "p50_ms": 3.0,
+                                     "p95_ms": 4.0, "p99_ms": p99, "avg_ms": 3.0}): t})
+    store.sadd(labels, "v1")
+    try:
+        page = open_page("alice")
+        page.goto(f"{live_server.url}/registry/deployments/{spiky.pk}/")
+        chart = page.locator("#chart-latency")
+        expect(chart).to_have_attribute("data-clipped", "2000", timeout=15_000)
+        assert float(chart.get_attribute("data-ytop")) < 100  # the 5 ms points and the 50 ms SLO fill it
+        ticks = chart.get_attribute("data-x-labels").split(",")
+        assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks
+        assert "SLO p99" in page.locator("#latency .u-legend").first.inner_text()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.locator("#latency").screenshot(path=str(SCREENSHOTS / "latency-spike.png"))
+
+        page.goto(f"{live_server.url}/registry/deployments/{quiet.pk}/")
+        empty = page.locator("#chart-latency")
+        expect(empty.locator("canvas")).to_have_count(1, timeout=15_000)
+        expect(page.locator("#latency").get_by_text("No traffic in this window yet.").first).to_be_visible()
+        assert "SLO p99" in empty.locator("xpath=..").inner_text()
+        page.locator("#latency").screenshot(path=str(SCREENSHOTS / "latency-empty.png"))
+    finally:
+        store.delete(key, labels)
