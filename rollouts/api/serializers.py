@@ -277,6 +277,25 @@ class DeploymentSerializer(ValidatedModelSerializer):
             return None
         return route.url
 
+    def validate_servers(self, names: list[str]) -> list[Any]:
+        """The servers named, checked with the other fields (one 400 names them all): in the
+        cluster the body names, or the deployment's own; with a cluster refused, that
+        refusal says enough."""
+        cluster = getattr(self.instance, "cluster", None)
+        if "cluster" in self.initial_data:
+            try:
+                cluster = self.fields["cluster"].run_validation(self.initial_data["cluster"])
+            except serializers.ValidationError:
+                return []
+        if cluster is None:
+            return []
+        found = {s.name: s for s in InferenceServer.objects.filter(cluster=cluster, name__in=names)}
+        missing = sorted(set(names) - set(found))
+        if missing:
+            raise serializers.ValidationError(
+                f"cluster {cluster} has no server named {', '.join(missing)}")
+        return list(found.values())
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         servers = attrs.pop("servers", None)
         reason = attrs.pop("reason", "")
@@ -287,14 +306,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
             raise serializers.ValidationError({"model": "a deployment's model cannot change"})
         attrs = super().validate(attrs)
         if servers is not None:
-            cluster = attrs.get("cluster") or self.instance.cluster
-            found = {s.name: s for s in InferenceServer.objects.filter(cluster=cluster, name__in=servers)}
-            missing = sorted(set(servers) - set(found))
-            if missing:
-                raise serializers.ValidationError(
-                    {"servers": f"cluster {cluster} has no server named {', '.join(missing)}"}
-                )
-            attrs["servers"] = list(found.values())
+            attrs["servers"] = servers
         attrs["reason"] = reason
         return attrs
 

@@ -116,6 +116,19 @@ def test_without_a_deployment_the_shape_alone_is_answered(dave, tenant_a):
     assert sorted(response.json()) == ["deployment", "version"]
 
 
+def test_a_deployment_with_an_unknown_server_and_other_fields_wrong_names_them_all(dave, tenant_a):
+    plain = Plain(tenant_a)
+    response = api_as(dave).post("/api/v1/deployments/", {
+        "name": "scorer-2", "model": plain.model.name, "cluster": plain.cluster.name,
+        "servers": [plain.a.name, "nowhere"], "slo_p99_ms": -5, "priority": "high",
+    }, format="json")
+
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert sorted(body) == ["priority", "servers", "slo_p99_ms"], body
+    assert body["servers"] == [f"cluster {plain.cluster.name} has no server named nowhere"]
+
+
 def test_gathering_keeps_input_refusals_and_lets_conflicts_through():
     errors = FieldErrors()
     with errors.gather():
