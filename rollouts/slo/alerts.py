@@ -83,6 +83,8 @@ def tick(now: datetime | None = None) -> dict[str, int]:
             verdict = status.evaluate(deployment, counts, alert_open=True)
         changed += _save(deployment, verdict, current.get(deployment.pk), now)
         neighbours.record(deployment, verdict.state, verdict.reason, now)
+    for alert in firing.values():  # its deployment was archived: nothing serves it any more
+        resolved += _resolve(alert, None, now, why="resolved: the deployment was deleted (archived)")
     return {"deployments": len(deployments), "opened": opened, "resolved": resolved, "changed": changed}
 
 
@@ -110,11 +112,11 @@ def _open(deployment: Deployment, rule: Rule, sli: str, long: float, short: floa
     return 1
 
 
-def _resolve(alert: SloAlert, short: float | None, now: datetime) -> int:
+def _resolve(alert: SloAlert, short: float | None, now: datetime, why: str = "") -> int:
     rule = next(r for r in RULES if r.name == alert.rule)
-    text = (f"resolved: the last {WINDOW_WORDS[rule.short]} burn "
-            + (f"{_burn_words(short)}" if short is not None else "nothing (no traffic)")
-            + f", not over {rule.factor:g}x")
+    text = why or (f"resolved: the last {WINDOW_WORDS[rule.short]} burn "
+                   + (f"{_burn_words(short)}" if short is not None else "nothing (no traffic)")
+                   + f", not over {rule.factor:g}x")
     with transaction.atomic():
         updated = SloAlert.objects.filter(pk=alert.pk, state=SloAlert.State.FIRING).update(
             state=SloAlert.State.RESOLVED, resolved_at=now, events=[*alert.events, {"at": now, "text": text}])

@@ -188,3 +188,16 @@ def test_another_tenant_sees_no_status_or_alert_of_this_one(client):
     assert SloStatus.objects.visible_to(outsider).count() == 0
     assert SloAlert.objects.visible_to(outsider).count() == 0
     assert SloAlert.objects.count() == 1
+
+
+def test_an_archived_deployments_open_alert_is_resolved_saying_why():
+    d = DeploymentFactory(slo_error_rate=Decimal("1.00"))
+    minutes(d, 10, 0, rpm=600, failed=0.5)
+    alerts.tick(NOW)
+    (alert,) = SloAlert.objects.filter(deployment=d, state="firing")
+    d.archived_at = NOW
+    d.save()
+
+    assert alerts.tick(NOW)["resolved"] == 1
+    alert.refresh_from_db()
+    assert alert.state == "resolved" and alert.events[-1]["text"] == "resolved: the deployment was deleted (archived)"
