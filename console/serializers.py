@@ -78,17 +78,22 @@ def refused_and_valid(body: serializers.Serializer, needed: tuple[str, ...] = ()
     every field at fault (``console.exceptions.FieldErrors``). Raises the body's own refusal
     when it is not one list of messages per field (a nested one) or refuses a field in
     ``needed``, without which the domain can check nothing (the deployment)."""
-    errors = body.errors
-    flat = all(isinstance(messages, list) and all(isinstance(m, str) for m in messages)
-               for messages in errors.values())
-    if not flat or not isinstance(body.initial_data, Mapping) or set(needed) & set(errors):
+    errors = dict(body.errors)
+    if not isinstance(body.initial_data, Mapping) or set(needed) & set(errors):
         raise serializers.ValidationError(errors)
     valid: dict[str, Any] = {}
+    # Each field on its own (an unknown key, refused first, leaves the others unchecked).
     for name, field in body.fields.items():
         if field.read_only or name in errors:
             continue
         try:
             valid[field.source] = field.run_validation(field.get_value(body.initial_data))
-        except (serializers.ValidationError, SkipField):
+        except serializers.ValidationError as exc:
+            errors[name] = exc.detail
+        except SkipField:
             continue
+    flat = all(isinstance(messages, list) and all(isinstance(m, str) for m in messages)
+               for messages in errors.values())
+    if not flat or set(needed) - set(valid):
+        raise serializers.ValidationError(errors)
     return {name: [str(m) for m in messages] for name, messages in errors.items()}, valid

@@ -129,6 +129,18 @@ def test_a_deployment_with_an_unknown_server_and_other_fields_wrong_names_them_a
     assert body["servers"] == [f"cluster {plain.cluster.name} has no server named nowhere"]
 
 
+def test_an_unknown_key_does_not_hide_the_other_fields_refusals(dave, tenant_a):
+    setup = Setup(tenant_a)
+    for deployment, names in [(setup.deployment.pk, ["colour", "duration_s", "slo"]),
+                              ("0", ["colour", "deployment", "duration_s"])]:
+        response = api_as(dave).post("/api/v1/benchmarks/", {
+            "deployment": deployment, "version": 1, "duration_s": 0, "slo": {"p99": 5},
+            "colour": "blue"}, format="json")
+
+        assert response.status_code == 400, response.content
+        assert sorted(response.json()) == names, response.json()
+
+
 def test_gathering_keeps_input_refusals_and_lets_conflicts_through():
     errors = FieldErrors()
     with errors.gather():
