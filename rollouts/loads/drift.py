@@ -180,7 +180,8 @@ def check_configs(server: InferenceServer) -> list[ModelLoad]:
             served = runtime.served(load.version.name_on(server), load.version.version,
                                     settings.SWITCHYARD_PROBE_TIMEOUT_S)
         except AdapterError as exc:
-            log.info("load %s: config not readable: %s", load.pk, exc)
+            # Every tick while the server does not answer: its health check says so at INFO.
+            log.debug("load %s: config not readable: %s", load.pk, exc)
             continue
         if served.config_hash == load.config_hash:
             continue
