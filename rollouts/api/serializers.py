@@ -366,20 +366,24 @@ class LoadRequestSerializer(StrictFieldsMixin, serializers.Serializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         deployment = attrs["deployment"]
+        errors: dict[str, list[str]] = {}
         if ("version" in attrs) == ("alias" in attrs):
-            raise serializers.ValidationError({"version": "give either version or alias"})
-        if "alias" in attrs:
+            errors["version"] = ["give either version or alias"]
+        elif "alias" in attrs:
             alias = Alias.objects.filter(model=deployment.model, name=attrs["alias"]).select_related("version").first()
             if alias is None:
-                raise serializers.ValidationError(
-                    {"alias": f"{deployment.model.name} has no alias {attrs['alias']!r}"}
-                )
-            attrs["model_version"] = alias.version
+                errors["alias"] = [f"{deployment.model.name} has no alias {attrs['alias']!r}"]
+            else:
+                attrs["model_version"] = alias.version
         else:
             found = ModelVersion.objects.filter(model=deployment.model, version=attrs["version"]).first()
             if found is None:
-                raise serializers.ValidationError(
-                    {"version": f"{deployment.model.name} has no version {attrs['version']}"}
-                )
+                errors["version"] = [f"{deployment.model.name} has no version {attrs['version']}"]
             attrs["model_version"] = found
+        # The servers named are checked beside the version, so one answer names both.
+        unknown = sorted(set(attrs.get("servers") or ()) - set(deployment.servers.values_list("name", flat=True)))
+        if unknown:
+            errors["servers"] = [f"deployment {deployment.name} has no server named {', '.join(unknown)}"]
+        if errors:
+            raise serializers.ValidationError(errors)
         return attrs

@@ -129,6 +129,19 @@ def test_a_deployment_with_an_unknown_server_and_other_fields_wrong_names_them_a
     assert body["servers"] == [f"cluster {plain.cluster.name} has no server named nowhere"]
 
 
+def test_a_load_of_an_unknown_version_onto_an_unknown_server_names_both(dave, tenant_a):
+    plain = Plain(tenant_a)
+    response = api_as(dave).post("/api/v1/loads/", {
+        "deployment": plain.deployment.pk, "version": 999, "servers": [plain.a.name, "nowhere"],
+    }, format="json")
+
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "version": [f"{plain.model.name} has no version 999"],
+        "servers": [f"deployment {plain.deployment.name} has no server named nowhere"],
+    }
+
+
 def test_an_unknown_key_does_not_hide_the_other_fields_refusals(dave, tenant_a):
     setup = Setup(tenant_a)
     for deployment, names in [(setup.deployment.pk, ["colour", "duration_s", "slo"]),
