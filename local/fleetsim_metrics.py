@@ -14,8 +14,10 @@ What the pages carry: the families Switchyard reads (see ``fleet/adapters/metric
 with the names, types and labels of the real servers, plus the neighbours a real page has next
 to them (Triton's ``nv_inference_count``, the queue and compute summaries, the CPU and
 pinned-memory gauges;
-vLLM's ``_created`` gauges, token counters and admission rejections). The rest of a real vLLM
-page (Python process and HTTP families, size histograms) is left out.
+vLLM's ``_created`` gauges, token counters and admission rejections). The other ``vllm:``
+families of a real vLLM page (caches, preemptions, token-count histograms, sleep state) are
+there too, at zero, so a page weighs what a real one does; the server-wide ones (Python
+process, HTTP handler, LoRA and cache config) are left out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from statistics import NormalDist
 
 TRITON_VERSION = "2.51.0"
@@ -143,6 +146,11 @@ class Series:
     def __post_init__(self) -> None:
         self.rate = rates(self.kind, self.traffic)
         self.base = dict.fromkeys(self.rate, 0.0)
+
+    @cached_property
+    def still(self) -> str:
+        """What of this version's page never moves (vLLM: see :func:`vllm_still`)."""
+        return vllm_still(self.model, self.created) if self.kind == "vllm" else ""
 
     def values(self, now: float | None = None) -> dict[str, float]:
         """Every quantity at ``now`` (``time.monotonic()``)."""
@@ -331,6 +339,83 @@ def vllm_page(series: list[Series], now: float | None = None) -> str:
             lines.append(f"{family}_count{{{_labels((engine, model))}}} {_f(count)}")
             lines.append(f"{family}_sum{{{_labels((engine, model))}}} {_f(v[f'{family}:sum'])}")
         gauge(f"{family}_created", text, [(_labels(b), s.created) for s, _, b in rows])
+    return "\n".join(lines) + "\n" + "".join(s.still for s in series)
+
+
+_COUNT_LE = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+#: The ``vllm:`` families the simulator does not move, with their help text: counters,
+#: counters split by one more label, gauges split by one more label, histograms.
+_STILL_COUNTERS = (
+    ("estimated_flops_per_gpu", "Estimated number of floating point operations per GPU (for "
+     "Model Flops Utilization calculations)."),
+    ("estimated_read_bytes_per_gpu", "Estimated number of bytes read from memory per GPU (for "
+     "Model Flops Utilization calculations)."),
+    ("estimated_write_bytes_per_gpu", "Estimated number of bytes written to memory per GPU "
+     "(for Model Flops Utilization calculations)."),
+    ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("external_prefix_cache_queries", "External prefix cache queries from KV connector "
+     "cross-instance cache sharing, in terms of number of queried tokens."),
+    ("external_prefix_cache_hits", "External prefix cache hits from KV connector "
+     "cross-instance cache sharing, in terms of number of cached tokens."),
+    ("mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
+    ("mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
+    ("num_preemptions", "Cumulative number of preemption from the engine."),
+    ("prompt_tokens_cached", "Number of cached prompt tokens (local + external)."),
+)
+_STILL_SPLIT_COUNTERS = (
+    ("prompt_tokens_by_source", "Number of prompt tokens by source.", "source",
+     ("local_compute", "local_cache_hit", "external_kv_transfer")),
+    ("prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache tier that "
+     "supplied them.", "source", ("device", "host", "p2p", "disk", "external_unspecified")),
+)
+_STILL_SPLIT_GAUGES = (
+    ("num_requests_waiting_by_reason", "Number of waiting requests by reason.", "reason",
+     ("capacity", "deferred"), ()),
+    ("engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping.",
+     "sleep_state", ("awake", "weights_offloaded", "discard_all"), ("awake",)),
+)
+_STILL_HISTOGRAMS = (
+    ("request_prompt_tokens", "Number of prefill tokens processed.", _COUNT_LE),
+    ("request_generation_tokens", "Number of generation tokens processed.", _COUNT_LE),
+    ("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+      16384.0)),
+    ("request_max_num_generation_tokens",
+     "Histogram of maximum number of requested generation tokens.", _COUNT_LE),
+    ("request_params_n", "Histogram of the n request parameter.", _COUNT_LE[:5]),
+    ("request_params_max_tokens", "Histogram of the max_tokens request parameter.", _COUNT_LE),
+    ("request_num_preemptions", "Histogram of the number of times a request was preempted.",
+     (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)),
+    ("request_prefill_kv_computed_tokens", "Histogram of new KV tokens computed during "
+     "prefill (excluding cached tokens).", _COUNT_LE),
+)
+
+
+def vllm_still(model: str, created: float) -> str:
+    """The families of a real vLLM page that the simulator keeps at zero, for one model."""
+    base = _labels((("engine", "0"), ("model_name", model)))
+    lines: list[str] = []
+    for name, text in _STILL_COUNTERS:
+        _head(lines, f"vllm:{name}_total", "counter", text)
+        lines.append(f"vllm:{name}_total{{{base}}} 0.0")
+        _head(lines, f"vllm:{name}_created", "gauge", text)
+        lines.append(f"vllm:{name}_created{{{base}}} {_f(created)}")
+    for name, text, label, values in _STILL_SPLIT_COUNTERS:
+        _head(lines, f"vllm:{name}_total", "counter", text)
+        lines += [f'vllm:{name}_total{{{base},{label}="{v}"}} 0.0' for v in values]
+        _head(lines, f"vllm:{name}_created", "gauge", text)
+        lines += [f'vllm:{name}_created{{{base},{label}="{v}"}} {_f(created)}' for v in values]
+    for name, text, label, values, ones in _STILL_SPLIT_GAUGES:
+        _head(lines, f"vllm:{name}", "gauge", text)
+        lines += [f'vllm:{name}{{{base},{label}="{v}"}} {_f(v in ones)}' for v in values]
+    for name, text, bounds in _STILL_HISTOGRAMS:
+        _head(lines, f"vllm:{name}", "histogram", text)
+        lines += [f'vllm:{name}_bucket{{engine="0",le="{le}",model_name="{model}"}} 0.0'
+                  for le in (*bounds, "+Inf")]
+        lines += [f"vllm:{name}_count{{{base}}} 0.0", f"vllm:{name}_sum{{{base}}} 0.0"]
+        _head(lines, f"vllm:{name}_created", "gauge", text)
+        lines.append(f"vllm:{name}_created{{{base}}} {_f(created)}")
     return "\n".join(lines) + "\n"
 
 
