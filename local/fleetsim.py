@@ -144,7 +144,10 @@ class Fleet:
         cfg = self.config
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # handler_cancellation: a hung request ends when its client gives up, so hung servers
+        # scraped every second for an hour do not pile up waiting handlers.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               handler_cancellation=True)
         await runner.setup()
         self._runners.append(runner)
         self._handler_factory = runner.server
