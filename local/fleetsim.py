@@ -77,6 +77,7 @@ class SimServer:
         self.series = [keep.get(m) or Series(self.kind, m[0], m[1], self.traffic) for m in models]
 
     def describe(self) -> dict[str, Any]:
+        """The server as the control API shows it."""
         return {
             "index": self.index, "kind": self.kind, "http_url": self.http_url,
             "metrics_url": self.metrics_url, "state": self.state, "delay_s": self.delay_s,
@@ -115,6 +116,7 @@ class FleetConfig:
                 raise ValueError(f"server {index}: no such server or state {state!r}")
 
     def models_of(self, kind: str) -> list[tuple[str, str]]:
+        """The (model, version) pairs a ``kind`` server serves at start (vLLM: no versions)."""
         names = [f"{self.model_prefix}-{k}" for k in range(self.models)]
         if kind == "vllm":
             return [(name, "") for name in names]
@@ -141,6 +143,7 @@ class Fleet:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        """Listen for every server (a dead one's port is closed again) and the control API."""
         cfg = self.config
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -169,8 +172,7 @@ class Fleet:
         self._runners.append(crunner)
         site = web.TCPSite(crunner, HOST, cfg.control_port)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.control_url = f"http://{HOST}:{port}"
+        self.control_url = f"http://{HOST}:{crunner.addresses[0][1]}"
 
     async def _listen(self, server: SimServer) -> None:
         loop = asyncio.get_running_loop()
@@ -193,9 +195,11 @@ class Fleet:
         await self.close()
 
     def stop(self) -> None:
+        """Make :meth:`run` return (from the fleet's own loop)."""
         self.stopping.set()
 
     async def close(self) -> None:
+        """Stop listening, end hung requests and close every connection."""
         self.stopping.set()  # hung requests end now
         for server in self.servers:
             await self._close(server)
@@ -204,6 +208,7 @@ class Fleet:
         self._runners.clear()
 
     def describe(self) -> dict[str, Any]:
+        """Where the control API and every server are, as the control API answers it."""
         return {"control_url": self.control_url, "pid": os.getpid(),
                 "seconds": self.config.seconds,
                 "servers": [s.describe() for s in self.servers]}
