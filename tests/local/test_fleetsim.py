@@ -240,6 +240,34 @@ def test_a_fleet_starts_in_the_states_it_is_given_and_stops_by_itself():
         proc.wait()
 
 
+def test_switchyards_health_round_sees_each_simulated_server_as_it_is(db):
+    """GIVEN 40 simulated servers registered as Switchyard's (two hung, one dead, one
+    unready, one slow) WHEN one health round probes them all with a 1 s timeout THEN each is
+    recorded as it is, and the hung ones cost one timeout in parallel, not one each."""
+    from fleet.inventory import health
+    from fleet.models import InferenceServer
+    from tests.factories import ClusterFactory, InferenceServerFactory
+
+    states = {0: "hung", 1: "hung", 2: "dead", 3: "unready", 4: "slow"}
+    config = FleetConfig(triton=30, vllm=10, models=2, states=states, delay_s=2, seconds=60)
+    with FleetThread(config) as running:
+        cluster = ClusterFactory()
+        for server in running.servers:
+            InferenceServerFactory(cluster=cluster, name=f"sim-{server.index}",
+                                   runtime=server.kind, http_url=server.http_url,
+                                   metrics_url=server.metrics_url)
+        started = time.monotonic()
+        counts = health.check_all(timeout=1.0)
+        took = time.monotonic() - started
+    assert counts == {"healthy": 35, "unreachable": 4, "unhealthy": 1}
+    assert took < 3.0
+    recorded = dict(InferenceServer.objects.values_list("name", "health"))
+    assert [recorded[f"sim-{i}"] for i in range(6)] == [
+        "unreachable", "unreachable", "unreachable", "unhealthy", "unreachable", "healthy"]
+    reported = InferenceServer.objects.get(name="sim-35").reported_models
+    assert sorted(m["name"] for m in reported) == ["model-0", "model-1"]
+
+
 # -- the real servers' text ---------------------------------------------------------------------
 def test_triton_text_matches_the_captured_real_triton():
     real = (CAPTURES / "triton_metrics.txt").read_text()
