@@ -462,19 +462,23 @@ def announce(fleet: Fleet, as_json: bool, out: Any = None) -> None:
     out.flush()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve the fleet the parsed options describe until its time is up; the exit status."""
+def run(args: argparse.Namespace, out: Any = None) -> int:
+    """Serve the fleet the parsed options describe until its time is up, printing where each
+    server is to ``out`` (standard output); the exit status."""
     try:
         config = config_from(args)
     except ValueError as exc:
         sys.stderr.write(f"fleet simulator: {exc}\n")
         return 2
-    with contextlib.suppress(ImportError):
+    try:
         import uvloop
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, lambda fleet: announce(fleet, args.json)))
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    # A runner of its own, not a process-wide loop policy: the command may run inside a test.
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory) as rn:
+        rn.run(serve(config, lambda fleet: announce(fleet, args.json, out)))
     return 0
 
 

@@ -5,6 +5,7 @@ live against the session's servers: markers ``triton`` and ``vllm``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.core.management import CommandError, call_command
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.adapters import triton as triton_probe
@@ -266,6 +268,21 @@ def test_switchyards_health_round_sees_each_simulated_server_as_it_is(db):
         "unreachable", "unreachable", "unreachable", "unhealthy", "unreachable", "healthy"]
     reported = InferenceServer.objects.get(name="sim-35").reported_models
     assert sorted(m["name"] for m in reported) == ["model-0", "model-1"]
+
+
+def test_the_command_prints_where_each_server_is_and_ends_by_itself():
+    out = io.StringIO()
+    started = time.monotonic()
+    call_command("fleet_sim", "--triton", "2", "--vllm", "1", "--slow", "0", "--seconds", "0.5",
+                 "--json", stdout=out)
+    assert time.monotonic() - started < 5
+    described = json.loads(out.getvalue())
+    assert [(s["kind"], s["state"]) for s in described["servers"]] == [
+        ("triton", "slow"), ("triton", "ok"), ("vllm", "ok")]
+    assert all(s["metrics_url"] == s["http_url"] + "/metrics" for s in described["servers"])
+    with pytest.raises(CommandError):
+        call_command("fleet_sim", "--triton", "0", "--seconds", "1", stdout=io.StringIO(),
+                     stderr=io.StringIO())
 
 
 # -- the real servers' text ---------------------------------------------------------------------

@@ -19,5 +19,5 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         namespace = fleetsim.argparse.Namespace(**options)
-        if fleetsim.run(namespace) != 0:
+        if fleetsim.run(namespace, self.stdout) != 0:
             raise CommandError("the fleet simulator did not start")
