@@ -262,7 +262,7 @@ class Fleet:
                 return web.json_response({"error": f"no server {which}"}, status=404)
             for server in targets:
                 await self.change(server, body)
-        except ValueError as exc:  # json.JSONDecodeError is one
+        except (TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             return web.json_response({"error": str(exc)}, status=400)
         return web.json_response([s.describe() for s in targets])
 

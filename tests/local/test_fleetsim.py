@@ -215,6 +215,8 @@ def test_the_control_api_refuses_what_it_cannot_do(fleet: Fleet):
     assert (answer.status_code, "state must be one of" in answer.json()["error"]) == (400, True)
     assert control(fleet, 0, {"traffic": {"rps": -1}}).status_code == 400
     assert control(fleet, 0, {"colour": "red"}).status_code == 400
+    assert control(fleet, 0, {"traffic": {"rps": None}, "delay_s": None}).status_code == 400
+    assert control(fleet, 0, {"models": "m:1"}).status_code == 400
     listed = httpx.get(f"{fleet.control_url}/control/servers", timeout=5).json()
     assert [s["kind"] for s in listed["servers"]] == ["triton", "triton", "vllm", "vllm"]
 
