@@ -49,8 +49,9 @@ def test_a_worker_takes_tasks_again_within_a_second_of_the_broker_coming_back(
     from django.db import connection
 
     with celery_broker(redis_server.url):
+        # At debug, the worker logs each task it ran ("... succeeded"), which run_once waits for.
         worker = start_worker(tmp_path / "worker.log", database_url(connection.settings_dict),
-                              redis_server.url)
+                              redis_server.url, loglevel="debug")
         try:
             healthy_s = max(run_once(worker, timeout=20) for _ in range(2))
 

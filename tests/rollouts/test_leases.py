@@ -121,7 +121,10 @@ def test_a_guarded_write_also_refuses_a_row_that_moved_on():
 @pytest.mark.parametrize("kind", ["load", "rollout"])
 def test_the_heartbeat_keeps_a_lease_alive_past_its_length_and_stops_with_its_block(kind):
     row = make_row(kind)
-    lease_s = 0.6
+    # The heartbeat renews every third of a lease: a lease of 1.5 s survives its thread
+    # being starved for up to a second (0.8 s was measured on a busy 2-core machine, which
+    # let a 0.6 s lease run out under the heartbeat).
+    lease_s = 1.5
     held = claim(row, lease_s=lease_s)
 
     with leases.heartbeat(held, lease_s=lease_s, max_s=30):

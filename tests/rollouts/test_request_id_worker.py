@@ -30,7 +30,9 @@ def test_a_request_id_follows_a_load_into_the_worker(world, s3_worker):  # noqa:
     s3_worker.wait_for(lambda: ModelLoad.objects.get(pk=load.pk).state == ModelLoad.State.READY,
                        timeout=60, what="the load to be ready")
     moves = [line for line in s3_worker.log().splitlines() if " → " in line]
-    assert [re.search(r"INFO rollouts\.loads\.reconciler: (\w+) → (\w+)", line).groups() for line in moves] == [
+    # One INFO line per state change, from where the row is written (rollouts.leases).
+    assert [re.search(rf"INFO rollouts\.leases: load {load.pk}: (\w+) → (\w+): ", line).groups()
+            for line in moves] == [
         ("pending", "admitted"), ("admitted", "fetching"), ("fetching", "placing"),
         ("placing", "loading"), ("loading", "ready")]
     for line in moves:
