@@ -6,7 +6,8 @@ minute of those samples (kept 15 minutes in Redis) into ``RoutedMinute`` rows: r
 failures (5xx, no answer, timeouts: ``rollouts.canary.arms.is_failure``, the judge's rule;
 4xx are the client's and count as requests only) and answered requests slower than the
 deployment's latency SLO. Recounting both minutes every tick is idempotent, and a minute
-stops changing once it is over.
+stops changing once it is over. What a recount adds goes to the deployment's /metrics
+counters too (``rollouts.slo.counters``), which then leave the servers' counts out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import redis
 
 from rollouts.canary.arms import is_failure, is_timeout
 from rollouts.models import Deployment, RoutedMinute
+from rollouts.slo import counters
 from rollouts.traffic import samples
 
 log = logging.getLogger(__name__)
@@ -44,11 +46,25 @@ def fold(deployments: list[Deployment], now: float) -> int:
                     # A timeout waited at least this long: slow too (as the judge counts it).
                     if (not failed or is_timeout(s.status, s.upstream_status)) and s.latency_ms > deployment.slo_p99_ms:
                         counts[2] += 1
-            for start, (requests, failures, slow) in per_minute.items():
+            if not per_minute:
+                continue
+            minutes = {datetime.fromtimestamp(start, tz=UTC): counts for start, counts in per_minute.items()}
+            before = {row.minute: row for row in RoutedMinute.objects.filter(deployment=deployment,
+                                                                             minute__in=list(minutes))}
+            pipe = store.pipeline()
+            for minute, (requests, failures, slow) in minutes.items():
+                old = before.get(minute)
                 RoutedMinute.objects.update_or_create(
-                    deployment=deployment, minute=datetime.fromtimestamp(start, tz=UTC),
+                    deployment=deployment, minute=minute,
                     defaults={"requests": requests, "failures": failures, "slow": slow})
+                # /metrics' counters grow by what this recount added (samples only arrive).
+                counters.add(pipe, deployment.pk,
+                             requests=max(requests - (old.requests if old else 0), 0),
+                             failures=max(failures - (old.failures if old else 0), 0),
+                             slow=max(slow - (old.slow if old else 0), 0))
                 written += 1
+            counters.mark_routed(pipe, deployment.pk)
+            pipe.execute()
     except redis.RedisError as exc:
         log.warning("router samples unreadable for the SLO tick: %s", exc)
     return written

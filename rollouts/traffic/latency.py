@@ -271,11 +271,13 @@ def _write_points(store: redis.Redis, deployment: Deployment,
         return 0
     # Stamped with when the data was read, not when the slowest scrape gave up.
     now = max(taken[s.pk] for s in deployment.servers.all() if s.pk in taken)
+    routed = bool(slo_counters.routed_now(store, [deployment.pk]))  # then the router's counts go to /metrics
     pipe = store.pipeline()
     for label, parts in grouped.items():
         point = {"t": now, **_combine(parts, deployment.slo_p99_ms)}
-        slo_counters.add(pipe, deployment.pk, requests=point["requests"], failures=point["failures"],
-                         slow=point["slow"] or 0.0)
+        if not routed:
+            slo_counters.add(pipe, deployment.pk, requests=point["requests"], failures=point["failures"],
+                             slow=point["slow"] or 0.0)
         key = _series_key(deployment.pk, label)
         pipe.zadd(key, {json.dumps(point): now})
         pipe.zremrangebyscore(key, "-inf", now - WINDOW_S)

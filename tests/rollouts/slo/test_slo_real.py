@@ -26,8 +26,8 @@ from fleet.models import InferenceServer, Membership, WebhookDelivery
 from fleet.webhooks import delivery as webhook_delivery
 from fleet.webhooks.requests import create_webhook
 from rollouts.models import LatencyRollup, RoutedMinute, SloAlert, SloStatus
-from rollouts.slo import alerts
-from rollouts.traffic import latency
+from rollouts.slo import alerts, counters
+from rollouts.traffic import latency, samples
 from tests.factories import (
     ClusterFactory,
     DeploymentFactory,
@@ -115,6 +115,8 @@ def test_a_breach_the_router_saw_shows_alerts_a_webhook_and_resolves(
     codes = send(url, 40) + send(url, 10, BAD_INFER)
     assert set(codes) == {200, 500, 400} and codes[500] > 5, codes
     wait_for_samples(deployment.pk, 50)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        alerts.tick()  # the router's count first: from now on /metrics counts what it saw
     ticks()
 
     # Triton admits no failure; the router saw every one, and the 400s are the client's.
@@ -122,6 +124,9 @@ def test_a_breach_the_router_saw_shows_alerts_a_webhook_and_resolves(
     assert scraped == 0
     routed = RoutedMinute.objects.filter(deployment=deployment).aggregate(r=Sum("requests"), f=Sum("failures"))
     assert routed == {"r": 50, "f": codes[500]}
+    # /metrics' counters (what the Prometheus rules read) count the same, once.
+    exported = counters.read(samples.connect(), [deployment.pk])[deployment.pk]
+    assert (exported["requests"], exported["failures"]) == (50, codes[500])
     status = SloStatus.objects.get(deployment=deployment)
     assert status.state == SloStatus.State.BREACHING, status.reason
     assert "of requests failed over the last 5 minutes (ceiling 1.00%)" in status.reason
