@@ -203,7 +203,7 @@ class SloSerializer(serializers.Serializer):
 
 
 def slo_of(deployment: Deployment) -> dict[str, Any]:
-    found = getattr(deployment, "slo", None) if _has_slo(deployment) else None
+    found = deployment.slo_or_none
     if found is None:
         return {"state": SloStatus.State.NO_TRAFFIC, "since": None, "reason": "not evaluated yet",
                 "budget_left_pct": None, "burn_rate_5m": None, "burn_rate_30m": None, "burn_rate_1h": None,
@@ -215,13 +215,6 @@ def slo_of(deployment: Deployment) -> dict[str, Any]:
         "burn_rate_6h": found.burn_6h, "objectives": found.detail.get("objectives", {}),
         "alerts_firing": getattr(deployment, "alerts_firing", 0) or 0, "evaluated_at": found.evaluated_at,
     }
-
-
-def _has_slo(deployment: Deployment) -> bool:
-    try:
-        return deployment.slo is not None
-    except SloStatus.DoesNotExist:
-        return False
 
 
 class DeploymentSerializer(ValidatedModelSerializer):

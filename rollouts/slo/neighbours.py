@@ -25,7 +25,7 @@ from django.db.models import Q
 
 from console.exceptions import Conflict
 from fleet.models import InferenceServer
-from fleet.tenancy.scoping import is_platform_admin, tenant_roles
+from fleet.tenancy.scoping import tenant_roles
 from rollouts.models import (
     BenchmarkJob,
     Deployment,
@@ -108,8 +108,8 @@ def record(deployment: Deployment, state: str, reason: str, now: datetime) -> in
 
 
 def _may_see(user: Any, deployment: Deployment) -> bool:
-    roles = tenant_roles(user)
-    return is_platform_admin(user) or roles is None or deployment.tenant_id in roles
+    roles = tenant_roles(user)  # None: every tenant (a platform admin)
+    return roles is None or deployment.tenant_id in roles
 
 
 def for_page(user: Any, deployment: Deployment, limit: int = 10) -> dict[str, list[dict[str, Any]]]:
