@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 from rest_framework.utils import html
@@ -97,3 +98,35 @@ def refused_and_valid(body: serializers.Serializer, needed: tuple[str, ...] = ()
     if not flat or set(needed) - set(valid):
         raise serializers.ValidationError(errors)
     return {name: [str(m) for m in messages] for name, messages in errors.items()}, valid
+
+
+class BoundedFloatField(serializers.FloatField):
+    """A number within bounds; ``above`` is an exclusive lower bound. JSON true and false
+    are no numbers here."""
+
+    def __init__(self, *, above: float | None = None, **kwargs: Any) -> None:
+        self.above = above
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool):
+            self.fail("invalid")
+        value = super().to_internal_value(data)
+        if self.above is not None and value <= self.above:
+            raise serializers.ValidationError(f"Ensure this value is greater than {self.above:g}.")
+        return value
+
+
+class BoundedFloatFieldSchema(OpenApiSerializerFieldExtension):
+    target_class = "console.serializers.BoundedFloatField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        field = self.target
+        schema: dict[str, Any] = {"type": "number"}
+        if field.above is not None:
+            schema["exclusiveMinimum"] = field.above
+        if field.min_value is not None:
+            schema["minimum"] = field.min_value
+        if field.max_value is not None:
+            schema["maximum"] = field.max_value
+        return schema

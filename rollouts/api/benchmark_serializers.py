@@ -16,7 +16,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from console.serializers import JSONInput, StrictFieldsMixin
+from console.serializers import BoundedFloatField, JSONInput, StrictFieldsMixin
 from fleet.api.refs import IdOrNameField
 from rollouts.api.benchmark_schemas import (
     CONFIGS_SCHEMA,
@@ -90,38 +90,6 @@ class ConfigsField(JSONInput):
                 raise serializers.ValidationError(
                     f"configs[{i}].instance_group: a count, or {{\"count\": n}}")
         return data
-
-
-class BoundedFloatField(serializers.FloatField):
-    """A number within bounds; ``above`` is an exclusive lower bound. JSON true and false
-    are no numbers here."""
-
-    def __init__(self, *, above: float | None = None, **kwargs: Any) -> None:
-        self.above = above
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data: Any) -> float:
-        if isinstance(data, bool):
-            self.fail("invalid")
-        value = super().to_internal_value(data)
-        if self.above is not None and value <= self.above:
-            raise serializers.ValidationError(f"Ensure this value is greater than {self.above:g}.")
-        return value
-
-
-class BoundedFloatFieldSchema(OpenApiSerializerFieldExtension):
-    target_class = "rollouts.api.benchmark_serializers.BoundedFloatField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
-        field = self.target
-        schema: dict[str, Any] = {"type": "number"}
-        if field.above is not None:
-            schema["exclusiveMinimum"] = field.above
-        if field.min_value is not None:
-            schema["minimum"] = field.min_value
-        if field.max_value is not None:
-            schema["maximum"] = field.max_value
-        return schema
 
 
 # --------------------------------------------------------------------------------------------

@@ -86,12 +86,15 @@ class RouteSerializer(serializers.ModelSerializer):
     weights = VersionWeightsField(source="version_weights", read_only=True)
     variants = serializers.SerializerMethodField()
     mirror = serializers.SerializerMethodField()
+    timeout_s = serializers.SerializerMethodField(
+        help_text="The request deadline in force, in seconds (the deployment's "
+                  "request_timeout_s when it was last applied); null: the router's own limit")
 
     class Meta:
         model = Route
         fields = [
             "id", "deployment", "deployment_name", "tenant", "name", "url", "protocol", "state",
-            "error", "policy", "sticky_header", "mirror", "weights", "variants", "revision",
+            "error", "policy", "sticky_header", "mirror", "timeout_s", "weights", "variants", "revision",
             "applied_at", "created_at", "updated_at",
         ]
         read_only_fields = fields
@@ -103,6 +106,10 @@ class RouteSerializer(serializers.ModelSerializer):
     @extend_schema_field(RouteMirrorSerializer(allow_null=True))
     def get_mirror(self, route: Route) -> dict[str, Any] | None:
         return _mirror_of(route.spec, route.variants)
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_timeout_s(self, route: Route) -> float | None:
+        return route.spec.get("timeout_s") if route.spec else None
 
 
 class RouteRevisionSerializer(serializers.ModelSerializer):

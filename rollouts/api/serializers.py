@@ -8,7 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from console.serializers import StrictFieldsMixin
+from console.serializers import BoundedFloatField, StrictFieldsMixin
 from fleet.api.refs import IdOrNameField
 from fleet.api.serializers import LabelsField, TenantField, ValidatedModelSerializer
 from fleet.models import Cluster, InferenceServer
@@ -235,6 +235,14 @@ class DeploymentSerializer(ValidatedModelSerializer):
         write_only=True, required=False, default="", allow_blank=True, max_length=2000,
         help_text="Why, for the audit log (e.g. why the production flag changes)",
     )
+    request_timeout_s = BoundedFloatField(
+        min_value=0.1, max_value=3600, allow_null=True, required=False,
+        help_text="0.1 to 3600, or null: the route's request deadline in seconds. A request its "
+                  "server has not answered by then ends with 504 from the router and counts as "
+                  "an error, and as slow, in SLOs and rollout analysis; a change is put in force "
+                  "on the route at once (a 409 on route when the router refuses it, and nothing "
+                  "changes). Null: the router's own limit (nginx waits 300 s). Refused (400) on a "
+                  "cluster routing through Gateway API, whose HTTPRoute has no timeouts")
     slo_status = serializers.SerializerMethodField(
         help_text="ok, at_risk, breaching or no_traffic (the same as slo.state)")
     slo = serializers.SerializerMethodField()
@@ -243,7 +251,7 @@ class DeploymentSerializer(ValidatedModelSerializer):
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "guard_servers", "slo_p99_ms",
-            "slo_error_rate", "slo_window_days", "slo_status", "slo", "priority", "description",
+            "slo_error_rate", "slo_window_days", "request_timeout_s", "slo_status", "slo", "priority", "description",
             "route_url", "created_at", "updated_at", "archived_at", "reason",
         ]
         read_only_fields = ["created_at", "updated_at", "archived_at"]

@@ -51,6 +51,10 @@ class DeploymentForm(DomainForm):
     slo_window_days = forms.IntegerField(
         min_value=1, max_value=30, initial=30, required=False, label="SLO window (days)",
         help_text="The error budget is counted over this many days (1 to 30)")
+    request_timeout_s = forms.FloatField(
+        min_value=0.1, max_value=3600, required=False, label="Request deadline (s)",
+        help_text="A request its server has not answered by then ends with 504 and counts as an "
+                  "error and as slow; empty: the router's own limit (300 s)")
     priority = forms.IntegerField(
         min_value=-1000, max_value=1000, initial=0, required=False,
         help_text="When borrowed quota is reclaimed by a tenant of your cohort, the lowest "
@@ -65,7 +69,7 @@ class DeploymentForm(DomainForm):
                 "production": deployment.production, "guard_servers": deployment.guard_servers,
                 "slo_p99_ms": deployment.slo_p99_ms,
                 "slo_error_rate": deployment.slo_error_rate, "slo_window_days": deployment.slo_window_days,
-                "priority": deployment.priority,
+                "request_timeout_s": deployment.request_timeout_s, "priority": deployment.priority,
                 "description": deployment.description,
             })
         super().__init__(*args, **kwargs)
@@ -101,7 +105,8 @@ class DeploymentForm(DomainForm):
             servers = servers or list(data["cluster"].servers.all())
         else:
             deployment = Deployment.objects.get(pk=self.deployment.pk)
-        for name in ("name", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate"):
+        for name in ("name", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate",
+                     "request_timeout_s"):
             setattr(deployment, name, data[name])
         if data["slo_window_days"] is not None:  # left empty: as it was (30 for a new deployment)
             deployment.slo_window_days = data["slo_window_days"]

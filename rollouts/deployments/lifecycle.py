@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from console.exceptions import Conflict
+from console.exceptions import Conflict, DomainError
 from fleet import audit
 from fleet.models import Membership, Placement
 from fleet.quota import admission as quota
@@ -29,9 +29,10 @@ from rollouts.models import (
     Rollout,
     ServerWorkload,
 )
+from rollouts.traffic import routes
 
 FIELDS = ["name", "model", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate",
-          "slo_window_days", "priority", "description"]
+          "slo_window_days", "request_timeout_s", "priority", "description"]
 
 
 def _reprioritise(deployment: Deployment) -> None:
@@ -68,6 +69,13 @@ def save_deployment(
                 field="servers",
             )
     deployment.full_clean()
+    problem = routes.deadline_problem(deployment)
+    if problem:
+        raise DomainError(problem, field="request_timeout_s")
+    if not creating and before.get("request_timeout_s") != deployment.request_timeout_s:
+        # The route takes the new deadline first: a router that refuses it leaves the
+        # deployment as it was (RouteFailed), so the two never disagree.
+        routes.reapply(actor, deployment, reason or "the deployment's request deadline changed")
     try:
         with transaction.atomic():
             if not creating:

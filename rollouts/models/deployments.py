@@ -51,6 +51,13 @@ class Deployment(models.Model):
         default=30, validators=[MinValueValidator(1), MaxValueValidator(30)],
         help_text="1 to 30: the days over which the SLO's error budget is counted",
     )
+    request_timeout_s = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.1), MaxValueValidator(3600)],
+        help_text="0.1 to 3600, or empty: the route's request deadline in seconds. A request "
+                  "its server has not answered by then ends with 504 from the router and "
+                  "counts as an error, and as slow, in SLOs and rollout analysis. Empty: the "
+                  "router's own limit (nginx waits 300 s)",
+    )
     priority = models.IntegerField(
         default=0, validators=[MinValueValidator(-1000), MaxValueValidator(1000)],
         help_text="-1000 to 1000: when a cohort lender reclaims borrowed quota, the versions "

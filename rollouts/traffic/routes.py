@@ -53,7 +53,7 @@ from fleet.adapters.routers.base import (
     TrafficRouter,
 )
 from fleet.inventory.routers import leftover_routers, routed_clusters, router_for
-from fleet.models import InferenceServer, Membership
+from fleet.models import Cluster, InferenceServer, Membership
 from fleet.tenancy.scoping import require_role, token_of
 from rollouts.models import Alias, Deployment, ModelLoad, ModelVersion, Route, RouteRevision
 from rollouts.traffic import specs
@@ -179,6 +179,38 @@ def _set_route(
     finally:
         Route.objects.filter(pk=route.pk).update(claimed_until=None)
         route.claimed_until = None
+
+
+def deadline_problem(deployment: Deployment) -> str:
+    """Why the deployment's cluster cannot keep a request deadline on its routes ("" when it
+    can, or when it has no deadline): a Gateway API HTTPRoute of v1.0's standard channel
+    has no timeouts."""
+    if deployment.request_timeout_s is None or deployment.cluster_id is None:
+        return ""
+    cluster = deployment.cluster
+    if cluster.is_kubernetes and cluster.kube_router == Cluster.KubeRouter.GATEWAY_API:
+        return (f"cluster {cluster.name} routes through Gateway API HTTPRoutes, which have no "
+                "request deadline in v1.0's standard channel: leave it empty, or route the "
+                "cluster through Istio")
+    return ""
+
+
+def reapply(actor: Any, deployment: Deployment, reason: str) -> Route | None:
+    """Put the deployment's route in force again with the same split, policy and mirror, so
+    that a change of the deployment's own route settings (its request deadline) reaches the
+    router; None when it has no route in force. The refusals of :func:`set_route`."""
+    route = Route.objects.filter(deployment=deployment).first()
+    if route is None or route.state == Route.State.REMOVED or not route.spec:
+        return None
+    spec = RouteSpec.from_json(route.spec)
+    meaning = route.variants or {}
+    weights = {(meaning[v.name]["version"], meaning[v.name]["server"]): v.weight
+               for v in spec.variants if v.weight > 0 and v.name in meaning}
+    mirror = None
+    if spec.mirror is not None and spec.mirror.variant in meaning:
+        target = meaning[spec.mirror.variant]
+        mirror = MirrorTarget(target["version"], spec.mirror.percent, target["server"])
+    return _set_route(actor, deployment, weights, spec.policy, spec.sticky_header, mirror, reason)
 
 
 def claim_route(deployment: Deployment) -> tuple[Route, bool]:

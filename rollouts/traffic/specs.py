@@ -45,6 +45,7 @@ from fleet.models import InferenceServer
 from rollouts.models import Deployment, ModelLoad, ModelVersion
 
 ROUTE = "route"  # the field a refusal of the router (or of the route as a whole) names
+REQUEST_TIMEOUT = "request_timeout_s"  # the deployment's field the route's deadline comes from
 MAX_VARIANT_NAME = 63
 
 Weights = Mapping[Any, Any]  # version number -> weight, or (version number, server name) -> weight
@@ -189,6 +190,7 @@ def _spec(
         policy=policy,
         sticky_header=sticky_header,
         mirror=_mirror(deployment, ready, names, mirror),
+        timeout_s=deployment.request_timeout_s,
     )
     try:
         validate_route(spec)
@@ -204,6 +206,8 @@ def refusal(exc: RouteSpecError) -> DomainError:
         return DomainError(exc.message, field=field)
     if field.startswith("mirror"):
         return DomainError(exc.message, field="mirror")
+    if field == "timeout_s":  # the deployment's deadline, which this router cannot keep
+        return DomainError(exc.message, field=REQUEST_TIMEOUT)
     # A variant the deployment's own servers make unroutable (their URL, or a router that
     # cannot tell them apart): not the caller's input, the route as a whole cannot be made.
     return Conflict(f"cannot route to the deployment's servers: {field} {exc.message}",

@@ -67,7 +67,7 @@ def test_a_node_of_one_core_and_a_sweep_of_one_config_read_in_the_singular(reque
 def test_no_user_facing_text_says_s_in_brackets():
     """Templates and the strings in the code name one thing or several; "(s)" is left to
     units ("Duration (s)": seconds)."""
-    units = ("Duration (s)", "Warm-up (s)")
+    units = ("Duration (s)", "Warm-up (s)", "Request deadline (s)")
     found = []
     for path in ROOT.glob("templates/**/*.html"):
         found += [f"{path.relative_to(ROOT)}: {line.strip()}"

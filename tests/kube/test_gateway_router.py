@@ -257,6 +257,8 @@ def test_a_route_read_where_the_crd_is_missing_is_a_missing_api_not_an_absent_ro
                                           else 0) for i in range(17))),
      "variants", "at most 16 backends"),
     (fraud(90, 20), "weights", "must sum to 100"),
+    (RouteSpec("r", OPENAI, (Variant("a", "http://llm.serving:8000", 100),), timeout_s=5),
+     "timeout_s", "has no timeouts"),
 ])
 def test_what_an_httproute_cannot_express_is_refused_naming_the_field_before_any_request(
     spec, field, words

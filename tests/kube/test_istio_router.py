@@ -400,6 +400,7 @@ def test_a_virtual_service_edited_outside_switchyard_is_not_read_as_a_split():
         Variant("v1-a", SHARED, 34), Variant("v2-b", SHARED, 33),
         Variant("v3-c", "http://llm-c.models.svc.cluster.local:8001", 33),
     ), mirror=Mirror("v3-c", 100)),
+    fraud(90, 10, timeout_s=2.5),
 ])
 def test_every_object_the_router_writes_is_valid_for_the_crds_and_reads_back(spec):
     subject = router(gateway="gateways/public")
@@ -415,9 +416,42 @@ def test_every_object_the_router_writes_is_valid_for_the_crds_and_reads_back(spe
         assert back.mirror.percent == spec.mirror.percent
         http = service["spec"]["http"][0]
         assert http["mirrorPercentage"] == {"value": float(spec.mirror.percent)}
+    assert back.timeout_s == spec.timeout_s
     # The merge patch from the recorded route to this one leaves a valid VirtualService.
     patch = subject.patch_for(ist(2)["response_body"], service)
     validate_custom(merged(ist(2)["response_body"], patch), VIRTUALSERVICE_V1)
+
+
+def test_a_deadline_is_the_http_routes_timeout_and_only_switchyards_own_is_taken_away():
+    """A route's deadline becomes the HTTP route's ``timeout`` (noted in an annotation);
+    taking the deadline away removes that timeout, while a timeout another writer set on a
+    route without a deadline is kept, and is not read as Switchyard's."""
+    subject = router()
+    recorded = ist(2)["response_body"]  # the route as the API server held it, no timeout
+    with_deadline = subject.virtual_service("fraud-scorer", subject.plan(fraud(90, 10, timeout_s=2.5)))
+    patch = subject.patch_for(recorded, with_deadline)
+    after = merged(recorded, patch)
+    validate_custom(after, VIRTUALSERVICE_V1)
+    assert after["spec"]["http"][0]["timeout"] == "2.5s"
+    assert after["metadata"]["annotations"]["switchyard.io/request-timeout"] == "2.5s"
+    assert subject.spec_of(after).timeout_s == 2.5
+    assert subject.patch_for(after, with_deadline) is None  # in force: nothing to write
+
+    without = subject.virtual_service("fraud-scorer", subject.plan(fraud(90, 10)))
+    cleared = merged(after, subject.patch_for(after, without))
+    validate_custom(cleared, VIRTUALSERVICE_V1)
+    assert "timeout" not in cleared["spec"]["http"][0]
+    assert "switchyard.io/request-timeout" not in (cleared["metadata"].get("annotations") or {})
+    assert subject.spec_of(cleared).timeout_s is None
+
+    theirs = copy.deepcopy(recorded)
+    theirs["spec"]["http"][0]["timeout"] = "30s"
+    kept = merged(theirs, subject.patch_for(theirs, without) or {})
+    assert kept["spec"]["http"][0]["timeout"] == "30s"
+    assert subject.spec_of(kept).timeout_s is None
+    # A deadline set over another writer's timeout replaces it while it lasts.
+    ours = merged(theirs, subject.patch_for(theirs, with_deadline))
+    assert ours["spec"]["http"][0]["timeout"] == "2.5s"
 
 
 def test_new_subsets_are_added_before_the_route_changes_and_pruned_after():

@@ -70,7 +70,12 @@ class Mirror:
 
 @dataclass(frozen=True)
 class RouteSpec:
-    """What a route should do. ``name`` is the deployment route's slug."""
+    """What a route should do. ``name`` is the deployment route's slug.
+
+    ``timeout_s`` is the route's request deadline: a request its variant has not answered
+    within it ends with a 504 from the router (None: the router's own limit). How each
+    router keeps it: nginx waits at most that long for each read of the answer (the first
+    byte, then between the chunks of a streamed one), Istio for the whole request."""
 
     name: str
     protocol: str
@@ -78,6 +83,7 @@ class RouteSpec:
     policy: str = WEIGHTED
     sticky_header: str = ""
     mirror: Mirror | None = None
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         # A list from an API payload compares equal to the tuple read back from a router.
@@ -125,6 +131,7 @@ class RouteSpec:
                 policy=data.get("policy", WEIGHTED),  # type: ignore[arg-type]
                 sticky_header=data.get("sticky_header", "") or "",  # type: ignore[arg-type]
                 mirror=mirror,
+                timeout_s=data.get("timeout_s"),  # type: ignore[arg-type]
             )
         except KeyError as exc:
             raise RouteSpecError("is required", field=str(exc.args[0])) from exc
@@ -161,7 +168,7 @@ def validate_route(route: RouteSpec) -> None:
 
     Field names follow the spec's JSON shape: ``name``, ``protocol``, ``policy``,
     ``sticky_header``, ``variants``, ``variants.<i>.<field>``, ``weights``, ``mirror.variant``,
-    ``mirror.percent``.
+    ``mirror.percent``, ``timeout_s``.
     """
     if not isinstance(route.name, str) or not _ROUTE_NAME.match(route.name):
         raise RouteSpecError(
@@ -192,6 +199,23 @@ def validate_route(route: RouteSpec) -> None:
     if total != 100:
         raise RouteSpecError(f"must sum to 100, got {total}", field="weights")
     _validate_mirror(route, seen)
+    _validate_timeout(route.timeout_s)
+
+
+MIN_TIMEOUT_S = 0.1
+MAX_TIMEOUT_S = 3600.0
+
+
+def _validate_timeout(value: object) -> None:
+    if value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
+        raise RouteSpecError(
+            f"must be a number of seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g}, or null "
+            f"for the router's own limit, got {value!r}",
+            field="timeout_s",
+        )
 
 
 def _validate_sticky_header(route: RouteSpec) -> None:

@@ -34,7 +34,9 @@ What the API expresses, and so what this router supports:
   v1.0's RequestMirror has no percentage, so any other percent is refused
   (``mirror.percent``);
 * not the ``sticky`` or ``least-pending`` policies (``policy``): see
-  :func:`fleet.adapters.routers.kube_common.check_expressible`.
+  :func:`fleet.adapters.routers.kube_common.check_expressible`;
+* not a request deadline (``timeout_s``): an HTTPRoute of v1.0's standard channel has no
+  ``timeouts`` (they are experimental there), so a route with one is refused.
 
 Writes, and why: :meth:`GatewayApiRouter.apply` reads the HTTPRoute; when there is none it
 creates it (POST), when it differs it replaces it whole (PUT) with the ``resourceVersion`` it
@@ -274,6 +276,13 @@ class GatewayApiRouter:
         what an HTTPRoute cannot express."""
         validate_route(route)
         check_expressible(route, API)
+        if route.timeout_s is not None:
+            raise RouteSpecError(
+                "a request deadline cannot be expressed by an HTTPRoute of Gateway API v1.0's "
+                "standard channel (it has no timeouts; set the deadline on the Gateway's "
+                "controller, or route through Istio or nginx): leave it empty",
+                field="timeout_s",
+            )
         if len(route.variants) > MAX_BACKENDS:
             raise RouteSpecError(
                 f"an HTTPRoute rule holds at most {MAX_BACKENDS} backends, got "

@@ -30,6 +30,10 @@ What Istio expresses, and so what this router supports:
   (Istio rewrites per HTTP route, not per destination), so each variant's pods must serve its
   version of the model; variants of different models are refused;
 * mirroring ``percent`` % of the requests to a variant (``mirror`` + ``mirrorPercentage``);
+* a request deadline (``timeout_s``) as the HTTP route's ``timeout`` (the whole request,
+  streamed answers included: Envoy answers 504 when it passes), noted in the annotation
+  ``switchyard.io/request-timeout`` so that a route whose deadline is taken away drops the
+  ``timeout`` Switchyard wrote and keeps one another writer set;
 * not the ``sticky`` or ``least-pending`` policies (``policy``): Istio picks the weighted
   destination at random for every request; a consistent hash in a DestinationRule only
   chooses a pod inside the destination, so it cannot keep a key on its variant.
@@ -74,7 +78,6 @@ docs/kubernetes.md). Plain Python: no Django, no settings.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 from fleet.adapters.base import AdapterError
@@ -89,13 +92,35 @@ from fleet.adapters.routers.base import (
     Variant,
     validate_route,
 )
+from fleet.adapters.routers.istio_objects import (
+    API,
+    DESTINATION_RULES,
+    GROUP,
+    HTTP_ROUTE,
+    KEPT_HTTP_KEYS,
+    LOAD_BALANCER,
+    MISSING,
+    OWN_HTTP_KEYS,
+    TIMEOUT_ANNOTATION,
+    VIRTUAL_SERVICES,
+    Destination,
+    Plan,
+    annotations,
+    destination_key,
+    duration,
+    foreign,
+    keeping,
+    route_problem,
+    rule_patch,
+    seconds,
+    service_base,
+    uses_subsets,
+)
 from fleet.adapters.routers.kube_common import (
     MAX_ATTEMPTS,
     REVISION_LABEL,
     CustomObjects,
-    ServiceRef,
     check_expressible,
-    condition,
     guard,
     is_api_version,
     is_dns_label,
@@ -107,44 +132,7 @@ from fleet.adapters.routers.kube_common import (
     variant_names,
 )
 
-GROUP = "networking.istio.io"
-VIRTUAL_SERVICES = "virtualservices"
-DESTINATION_RULES = "destinationrules"
-HTTP_ROUTE = "primary"
-LOAD_BALANCER = {"simple": "LEAST_REQUEST"}
-MISSING = "install Istio (1.22 or later for networking.istio.io/v1) or set the router's version"
-API = "an Istio VirtualService"
-OWN_HTTP_KEYS = {"name", "route", "mirror", "mirrorPercentage"}
-#: What another writer may add to the HTTP route without changing which requests reach which
-#: destination: kept by every write, and no reason to read the route as someone else's.
-KEPT_HTTP_KEYS = {"retries", "timeout", "headers", "corsPolicy", "fault"}
-
-
-@dataclass(frozen=True)
-class Destination:
-    """A weighted destination: a Service port, and its subset when the Service is shared."""
-
-    service: ServiceRef
-    subset: str
-    weight: int
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host": self.service.host}
-        if self.subset:
-            out["subset"] = self.subset
-        out["port"] = {"number": self.service.port}
-        return out
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a route becomes: destinations, the subsets' Service (None: no subsets) and the
-    mirror (destination and percent)."""
-
-    destinations: list[Destination]
-    subset_service: ServiceRef | None
-    mirror: Destination | None
-    mirror_percent: int
+__all__ = ["MISSING", "IstioRouter", "route_problem", "rule_patch"]
 
 
 class IstioRouter:
@@ -239,7 +227,7 @@ class IstioRouter:
             if current is None:
                 return False
             existed = api.delete(self.api_version, VIRTUAL_SERVICES, self.namespace, name)
-            if _uses_subsets(current):
+            if uses_subsets(current):
                 api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
             return existed
 
@@ -327,7 +315,7 @@ class IstioRouter:
         if route.mirror is not None and route.mirror.percent > 0:
             mirror = destinations[[v.name for v in route.variants].index(route.mirror.variant)]
             percent = route.mirror.percent
-        return Plan(destinations, subset_service, mirror, percent)
+        return Plan(destinations, subset_service, mirror, percent, duration(route.timeout_s))
 
     def http_route(self, plan: Plan) -> dict[str, Any]:
         http: dict[str, Any] = {
@@ -337,6 +325,8 @@ class IstioRouter:
         if plan.mirror is not None:
             http["mirror"] = plan.mirror.as_json()
             http["mirrorPercentage"] = {"value": float(plan.mirror_percent)}
+        if plan.timeout:
+            http["timeout"] = plan.timeout
         return http
 
     def virtual_service(self, name: str, plan: Plan) -> dict[str, Any]:
@@ -345,10 +335,13 @@ class IstioRouter:
         if self.gateway:
             spec["gateways"] = [self.gateway]
         spec["http"] = [self.http_route(plan)]
+        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace}
+        if plan.timeout:
+            metadata["annotations"] = {TIMEOUT_ANNOTATION: plan.timeout}
         return {
             "apiVersion": f"{GROUP}/{self.api_version}",
             "kind": "VirtualService",
-            "metadata": {"name": name, "namespace": self.namespace},
+            "metadata": metadata,
             "spec": spec,
         }
 
@@ -382,13 +375,19 @@ class IstioRouter:
         # where there are none, so a change of the cluster's route domain applies to new routes.
         if not have.get("hosts"):
             spec["hosts"] = want["hosts"]
-        want["http"] = [_keeping(have.get("http"), want["http"][0])]
+        wrote = annotations(current).get(TIMEOUT_ANNOTATION)
+        want["http"] = [keeping(have.get("http"), want["http"][0], ours=wrote)]
         for key in ("gateways", "http"):
             if (have.get(key) or None) != (want.get(key) or None):
                 spec[key] = want.get(key)
-        if not spec:
+        timeout = annotations(wanted).get(TIMEOUT_ANNOTATION)
+        if not spec and wrote == timeout:
             return None
-        return {**guard(current), "spec": spec}
+        patch: dict[str, Any] = {**guard(current), "spec": spec}
+        if wrote != timeout:
+            patch["metadata"] = {**patch.get("metadata", {}),
+                                 "annotations": {TIMEOUT_ANNOTATION: timeout}}
+        return patch
 
     def spec_of(self, obj: dict[str, Any]) -> RouteSpec:
         """The split a VirtualService holds, as a RouteSpec (see the module docstring)."""
@@ -397,15 +396,15 @@ class IstioRouter:
         spec = obj.get("spec") or {}
         http = spec.get("http") or []
         if len(http) != 1 or (spec.get("tcp") or spec.get("tls")):
-            raise _foreign(where, f"{len(http)} HTTP routes, not one")
+            raise foreign(where, f"{len(http)} HTTP routes, not one")
         extra = sorted(set(http[0]) - OWN_HTTP_KEYS - KEPT_HTTP_KEYS)
         if extra:
-            raise _foreign(where, f"its HTTP route has {', '.join(extra)}")
+            raise foreign(where, f"its HTTP route has {', '.join(extra)}")
         routes = http[0].get("route") or []
         if not routes or not all(isinstance((r or {}).get("destination"), dict) for r in routes):
-            raise _foreign(where, "its HTTP route has no destinations")
-        keys = [_destination_key(r["destination"]) for r in routes]
-        bases = [subset or _service_base(host, self.namespace) for host, subset, _port in keys]
+            raise foreign(where, "its HTTP route has no destinations")
+        keys = [destination_key(r["destination"]) for r in routes]
+        bases = [subset or service_base(host, self.namespace) for host, subset, _port in keys]
         names = variant_names(bases, [port for _host, _subset, port in keys])
         raw = [int(r.get("weight") or 0) for r in routes]
         if len(raw) == 1 and "weight" not in routes[0]:
@@ -418,12 +417,15 @@ class IstioRouter:
         mirror = None
         target = http[0].get("mirror")
         if isinstance(target, dict):
-            key = _destination_key(target)
+            key = destination_key(target)
             if key not in keys:
-                raise _foreign(where, "it mirrors to a destination it does not route to")
+                raise foreign(where, "it mirrors to a destination it does not route to")
             value = (http[0].get("mirrorPercentage") or {}).get("value", 100)
             mirror = Mirror(variant=names[keys.index(key)], percent=round(float(value)))
-        return RouteSpec(name=name, protocol=OPENAI, variants=variants, mirror=mirror)
+        timeout = http[0].get("timeout")
+        ours = timeout is not None and timeout == annotations(obj).get(TIMEOUT_ANNOTATION)
+        return RouteSpec(name=name, protocol=OPENAI, variants=variants, mirror=mirror,
+                         timeout_s=seconds(timeout) if ours else None)
 
     # ----------------------------------------------------------------------------------------
     # The DestinationRule
@@ -464,7 +466,7 @@ class IstioRouter:
         try:
             if rule is not None and prune:
                 return self._prune(api, name, rule)
-            if rule is None and before is not None and _uses_subsets(before):
+            if rule is None and before is not None and uses_subsets(before):
                 api.delete(self.api_version, DESTINATION_RULES, self.namespace, name)
                 return "DestinationRule no longer needed, deleted"
         except KubeError as exc:
@@ -520,81 +522,3 @@ class IstioRouter:
                 f"{metadata.get('generation')}): weights in force {weights}")
         return f"{text}; {notes}" if notes else text
 
-
-def rule_patch(current: dict[str, Any], wanted: dict[str, Any], *, keep: bool) -> dict[str, Any] | None:
-    """The merge patch that gives ``current`` the host, load balancer and subsets of
-    ``wanted`` (with ``keep``, the subsets ``current`` has beyond them too), or None; it
-    carries ``current``'s resourceVersion (409 if the rule changed since). The rest of the
-    traffic policy, and what another writer added to a subset (its own traffic policy), are
-    kept."""
-    have = current.get("spec") or {}
-    want = copy.deepcopy(wanted["spec"])
-    had = {s.get("name"): s for s in have.get("subsets") or [] if isinstance(s, dict)}
-    same_host = have.get("host") == want["host"]
-    if same_host:
-        want["subsets"] = [{**had.get(s["name"], {}), **s} for s in want["subsets"]]
-    if keep and same_host:
-        names = {s["name"] for s in want["subsets"]}
-        want["subsets"] += [s for name, s in had.items() if name not in names]
-    spec: dict[str, Any] = {}
-    for key in ("host", "subsets"):
-        if have.get(key) != want[key]:
-            spec[key] = want[key]
-    balancer = want["trafficPolicy"]["loadBalancer"]
-    if ((have.get("trafficPolicy") or {}).get("loadBalancer")) != balancer:
-        spec["trafficPolicy"] = {"loadBalancer": balancer}  # merged: the rest stays
-    return {**guard(current), "spec": spec} if spec else None
-
-
-def _keeping(http: Any, route: dict[str, Any]) -> dict[str, Any]:
-    """``route`` with what another writer added to the HTTP route in force (KEPT_HTTP_KEYS)."""
-    if not (isinstance(http, list) and len(http) == 1 and isinstance(http[0], dict)):
-        return route
-    have = http[0]
-    if have.get("name") != HTTP_ROUTE or set(have) - OWN_HTTP_KEYS - KEPT_HTTP_KEYS:
-        return route
-    kept = {key: value for key, value in have.items() if key in KEPT_HTTP_KEYS}
-    return {"name": route["name"], **kept,
-            **{key: value for key, value in route.items() if key != "name"}}
-
-
-def route_problem(obj: dict[str, Any]) -> str:
-    """Why Istio says the VirtualService ``obj`` is not in force ("" when it says nothing
-    against it)."""
-    status = obj.get("status") or {}
-    reconciled = condition(status.get("conditions"), "Reconciled")
-    if reconciled is not None and reconciled.get("status") == "False":
-        return f"not reconciled by istiod ({reconciled.get('message', '')})"
-    for message in status.get("validationMessages") or []:
-        if isinstance(message, dict) and (message.get("level") or "").upper() == "ERROR":
-            code = (message.get("type") or {}).get("code", "")
-            return f"istiod reports {code or 'an error'}: {message.get('documentationUrl', '')}"
-    return ""
-
-
-def _uses_subsets(obj: dict[str, Any]) -> bool:
-    for http in (obj.get("spec") or {}).get("http") or []:
-        for item in (http or {}).get("route") or []:
-            if ((item or {}).get("destination") or {}).get("subset"):
-                return True
-    return False
-
-
-def _destination_key(destination: dict[str, Any]) -> tuple[str, str, int]:
-    port = (destination.get("port") or {}).get("number") or 0
-    return str(destination.get("host", "")), str(destination.get("subset") or ""), int(port)
-
-
-def _service_base(host: str, namespace: str) -> str:
-    labels = host.split(".")
-    if len(labels) >= 2 and labels[1] != namespace:
-        return f"{labels[0]}.{labels[1]}"
-    return labels[0]
-
-
-def _foreign(where: str, why: str) -> AdapterError:
-    return AdapterError(
-        f"{where} is not in the shape Switchyard writes ({why}): it was changed outside "
-        "Switchyard; apply the route again to take it back",
-        permanent=True,
-    )

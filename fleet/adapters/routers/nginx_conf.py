@@ -14,7 +14,9 @@ file out. The file is included at nginx's ``http`` level and holds all the route
   paths to the variant's model and version, pass OpenAI paths through, mirror a share of the
   requests to the candidate (``mirror``; responses discarded), add ``X-Request-Id`` and
   ``X-Switchyard-Variant`` and write one JSON access-log line per request (and one per
-  mirrored copy, with ``"mirror":true``);
+  mirrored copy, with ``"mirror":true``); each proxied location waits for a variant's answer
+  at most the route's deadline (``timeout_s``, as ``proxy_read_timeout``: per read, so a
+  streamed answer may run longer while its chunks keep coming), after which nginx answers 504;
 * for a mirror, a relay: an internal server on a unix socket that takes each copy, answers it
   at once and sends it on to the candidate from a mirror of its own. nginx finishes a request
   only once its mirror subrequests are done, and reads the next request of a keep-alive
@@ -52,7 +54,7 @@ KSERVE_MODEL_PATH = r"^/v2/models/[^/]+(?:/versions/[^/]+)?(?<sy_rest>/.*)?$"
 KSERVE_SERVER_PATHS = r"^/v2(?:/health/(?:live|ready))?$"
 OPENAI_ADMIN_PATHS = r"^/v1/(?:load|unload)_lora_adapter$"
 OPENAI_SERVER_PATHS = r"^/(?:health|version|ping)$"
-PROXY_READ_TIMEOUT = "300s"  # long generations stream for minutes
+PROXY_READ_TIMEOUT = "300s"  # without a route deadline: long generations stream for minutes
 MAX_BODY = "256m"
 
 
@@ -374,7 +376,15 @@ def _mirror_target(route: RouteSpec, targets: list[_Target]) -> _Target | None:
     return next(t for t in targets if t.variant.name == route.mirror.variant)
 
 
-def _proxy_headers(host: str, sni: str | None) -> list[str]:
+def read_timeout(route: RouteSpec) -> str:
+    """How long nginx waits for each read of a variant's answer: the route's deadline, in
+    milliseconds (a request unanswered by then ends with 504), else PROXY_READ_TIMEOUT."""
+    if route.timeout_s is None:
+        return PROXY_READ_TIMEOUT
+    return f"{max(round(route.timeout_s * 1000), 1)}ms"
+
+
+def _proxy_headers(route: RouteSpec, host: str, sni: str | None) -> list[str]:
     """Directives every proxied location repeats (nginx inherits none of them into a location
     that sets one of its own). ``sni``: the TLS server name, when a server speaks https."""
     lines = [
@@ -383,7 +393,7 @@ def _proxy_headers(host: str, sni: str | None) -> list[str]:
         f"proxy_set_header Host {host};",
         "proxy_set_header X-Request-Id $sy_request_id;",
         "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
-        f"proxy_read_timeout {PROXY_READ_TIMEOUT};",
+        f"proxy_read_timeout {read_timeout(route)};",
         "proxy_next_upstream off;",
     ]
     if sni is not None:
@@ -405,10 +415,10 @@ def _front_server(
     rid = ident(route.name)
     lp = route.policy == LEAST_PENDING
     if lp:
-        headers = [*_proxy_headers("$host", None), f"proxy_hide_header {UPSTREAM_HEADER};"]
+        headers = [*_proxy_headers(route, "$host", None), f"proxy_hide_header {UPSTREAM_HEADER};"]
     else:
         sni = f"$sy_{rid}_sni" if _speaks_tls(route) else None
-        headers = _proxy_headers(f"$sy_{rid}_host", sni)
+        headers = _proxy_headers(route, f"$sy_{rid}_host", sni)
     headers += [
         "add_header X-Request-Id $sy_request_id always;",
         f"add_header {VARIANT_HEADER} $sy_{rid}_variant always;",
@@ -487,7 +497,7 @@ def _mirror_relay(route: RouteSpec, mirror: _Target, access_log: Sequence[str],
     sends it to the candidate, logging the candidate's answer as the mirrored sample."""
     rid = ident(route.name)
     directives = [
-        *_proxy_headers(mirror.server.host_header, _tls(mirror.server)),
+        *_proxy_headers(route, mirror.server.host_header, _tls(mirror.server)),
         f'proxy_set_header {PATH_HEADER} "";',
     ]
     if route.protocol != KSERVE_V2:
@@ -520,7 +530,7 @@ def _mirror_relay(route: RouteSpec, mirror: _Target, access_log: Sequence[str],
 def _hop_server(route: RouteSpec, target: _Target, sock: Path) -> list[str]:
     """The internal server of one least-pending variant: rewrites and proxies to it."""
     headers = [
-        *_proxy_headers(target.server.host_header, _tls(target.server)),
+        *_proxy_headers(route, target.server.host_header, _tls(target.server)),
         f"add_header {UPSTREAM_HEADER} $upstream_addr always;",
     ]
     lines = [

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +40,9 @@ from fleet.adapters.routers.base import (
     validate_route,
 )
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
+from fleet.adapters.routers.nginx_conf import PROXY_READ_TIMEOUT
+from rollouts.canary.arms import Arm
+from rollouts.traffic.samples import parse_line
 from local.nginx import NginxProcess, start_nginx, stop_pid
 from local.processes import free_ports
 from local.triton import TritonProcess
@@ -422,6 +426,12 @@ def test_a_reload_nginx_cannot_complete_restores_the_last_good_files(router, ngi
         ({"mirror": Mirror("v3", 10)}, "mirror.variant"),
         ({"mirror": Mirror("v2", 101)}, "mirror.percent"),
         ({"variants": ()}, "variants"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": 3601}, "timeout_s"),
+        ({"timeout_s": float("nan")}, "timeout_s"),
+        ({"timeout_s": float("inf")}, "timeout_s"),
+        ({"timeout_s": True}, "timeout_s"),
+        ({"timeout_s": "5"}, "timeout_s"),
     ],
 )
 def test_an_invalid_spec_is_refused_naming_the_field(router, change, field):
@@ -445,6 +455,7 @@ def test_an_invalid_spec_is_refused_naming_the_field(router, change, field):
         policy=change.get("policy", "weighted"),
         sticky_header=change.get("sticky_header", ""),
         mirror=change.get("mirror"),
+        timeout_s=change.get("timeout_s"),
     )
     with pytest.raises(RouteSpecError) as refused:
         router.apply(spec)
@@ -460,9 +471,13 @@ def test_a_valid_spec_passes_validation_and_round_trips_through_json():
         policy="sticky",
         sticky_header="X-Session-Id",
         mirror=Mirror("lora", 25),
+        timeout_s=2.5,
     )
     validate_route(spec)
     assert RouteSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    # A spec stored before routes had a deadline reads as one without.
+    old = {k: v for k, v in spec.to_json().items() if k != "timeout_s"}
+    assert RouteSpec.from_json(old).timeout_s is None
     with pytest.raises(RouteSpecError) as missing:
         RouteSpec.from_json({"name": "x", "protocol": "openai", "variants": [{"name": "a"}]})
     assert missing.value.field == "variants.0.upstream"
@@ -644,11 +659,15 @@ def test_every_request_sends_a_json_sample_to_syslog_with_every_field(router, lo
 
 
 class EchoHandler(http.server.BaseHTTPRequestHandler):
-    """Answers what it received as JSON; ``/v1/stream`` streams two SSE events 1 s apart."""
+    """Answers what it received as JSON; ``/v1/stream`` streams two SSE events 1 s apart;
+    ``/v1/hang`` answers nothing for HANG_S (a hung server)."""
 
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        if self.path.endswith("/v1/hang"):
+            time.sleep(HANG_S)
+            return
         if self.path.endswith("/v1/stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -773,6 +792,48 @@ def test_a_sticky_routes_lines_carry_the_key_and_the_servers_time_to_its_first_b
     assert line["key"] == "" and line["content_type"] == "application/json"
     (line,) = [r for r in syslog.wait_for(hostile, count=2) if not r["mirror"]]
     assert line["key"] == "\x01" + "u" * 255
+    assert router.remove(spec.name)
+
+
+HANG_S = 8.0
+DEADLINE_S = 2.5  # the stream's 1 s pause between events passes it with 1.5 s to spare
+
+
+@pytest.mark.parametrize("policy", ["weighted", "least-pending"])
+def test_a_routes_deadline_ends_a_hung_request_with_504_counted_slow_and_failed(
+    router, echo_servers, syslog, policy
+):
+    """A request its server leaves unanswered ends at the route's deadline with 504 (not at
+    nginx's 300 s), and its line reaches the judge as a failure at least the deadline slow; a
+    stream whose events keep coming inside the deadline is not cut."""
+    spec = RouteSpec(name=f"dep-9{len(policy)}", protocol="openai",
+                     variants=(Variant("base", echo_servers[0], 100),), policy=policy,
+                     timeout_s=DEADLINE_S)
+    url = router.apply(spec).url
+    assert router.read(spec.name) == spec
+    hung = uuid.uuid4().hex
+    started = time.monotonic()
+    answer = httpx.get(f"{url}/v1/hang", headers={"X-Request-Id": hung}, timeout=HANG_S + 5)
+    waited = time.monotonic() - started
+    assert answer.status_code == 504
+    # nginx's timer fires at the deadline; its end is checked once a second at worst.
+    assert DEADLINE_S <= waited < HANG_S, waited
+    (line,) = syslog.wait_for(hung)
+    sample = parse_line(json.dumps(line))
+    assert (sample.status, sample.upstream_status) == (504, "504")
+    arm = Arm.of([sample])
+    assert arm.errors == 1
+    assert list(arm.latencies) == [sample.latency_ms]
+    assert sample.latency_ms >= DEADLINE_S * 1000
+
+    with httpx.stream("GET", f"{url}/v1/stream", timeout=10) as streamed:
+        assert streamed.status_code == 200
+        assert "".join(streamed.iter_text()).strip().endswith("data: [DONE]")
+
+    # Without a deadline the route waits as long as the router's own limit.
+    assert router.apply(replace(spec, timeout_s=None)).changed
+    assert f"proxy_read_timeout {PROXY_READ_TIMEOUT};" in (
+        router.routes_dir / f"{spec.name}.conf").read_text()
     assert router.remove(spec.name)
 
 

@@ -521,6 +521,60 @@ def test_the_api_refuses_bad_input_naming_the_field(plain, dave, body, field):
     assert AuditEvent.objects.count() == events
 
 
+def test_a_deployments_request_deadline_reaches_its_route_as_it_is(plain, dave, bob):
+    """The deployment's request deadline is put in force on its route at once, the split,
+    policy and mirror kept; clearing it gives the router's own limit back; a value out of
+    range is a 400 naming the field that changes nothing."""
+    ready(plain.deployment, plain.v1, plain.a)
+    ready(plain.deployment, plain.v2, plain.b)
+    routes.set_route(dave, plain.deployment, {1: 90, 2: 10}, mirror=specs.MirrorTarget(2, 50))
+    deployment_url = f"/api/v1/deployments/{plain.deployment.pk}/"
+    conf = router_for(plain.cluster).routes_dir / f"{specs.route_name(plain.deployment)}.conf"
+
+    changed = api_as(dave).patch(deployment_url, {"request_timeout_s": 2.5}, format="json")
+
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["request_timeout_s"] == 2.5
+    route = Route.objects.get(pk=plain.deployment.pk)
+    assert route.spec["timeout_s"] == 2.5
+    assert route.version_weights == {1: 90, 2: 10}
+    assert route.spec["mirror"] == {"variant": "v2-triton-b", "percent": 50}
+    assert router_for(plain.cluster).read(route.name).timeout_s == 2.5
+    assert "proxy_read_timeout 2500ms;" in conf.read_text()
+    assert api_as(bob).get(route_url(plain.deployment)).json()["timeout_s"] == 2.5
+    assert route.revisions.order_by("-number").first().actor_label == "dave"
+    assert AuditEvent.objects.filter(verb="updated", after__request_timeout_s=2.5).exists()
+
+    events = AuditEvent.objects.count()
+    for bad in (0, 0.05, 3601, "NaN", "soon", True, [5]):
+        refused = api_as(dave).patch(deployment_url, {"request_timeout_s": bad}, format="json")
+        assert refused.status_code == 400, (bad, refused.content)
+        assert "request_timeout_s" in refused.json(), refused.json()
+    assert AuditEvent.objects.count() == events
+    assert Route.objects.get(pk=plain.deployment.pk).spec["timeout_s"] == 2.5
+
+    cleared = api_as(dave).patch(deployment_url, {"request_timeout_s": None}, format="json")
+    assert cleared.status_code == 200, cleared.content
+    assert Route.objects.get(pk=plain.deployment.pk).spec["timeout_s"] is None
+    assert "proxy_read_timeout 300s;" in conf.read_text()
+
+
+def test_a_deadline_is_refused_on_a_cluster_whose_router_has_none(db, tenant_a, dave):
+    """Gateway API v1.0's HTTPRoute has no timeouts: a deadline there is a 400 naming it."""
+    cluster = ClusterFactory(name="gw", kind=Cluster.Kind.KUBERNETES,
+                             kube_router=Cluster.KubeRouter.GATEWAY_API)
+    model = ModelFactory(tenant=tenant_a, name="gw-model")
+    deployment = DeploymentFactory(model=model, cluster=cluster, name="gw-dep")
+
+    refused = api_as(dave).patch(f"/api/v1/deployments/{deployment.pk}/",
+                                 {"request_timeout_s": 5}, format="json")
+
+    assert refused.status_code == 400, refused.content
+    assert "Gateway API" in refused.json()["request_timeout_s"][0]
+    deployment.refresh_from_db()
+    assert deployment.request_timeout_s is None
+
+
 def test_the_api_gives_a_default_route(plain, dave):
     ready(plain.deployment, plain.v1, plain.a)
 
