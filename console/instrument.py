@@ -26,6 +26,7 @@ from console.telemetry import HTTP_DURATION, HTTP_REQUESTS, TASK_DURATION, TASKS
 RECONCILE_KINDS: dict[str, str] = {
     "fleet.tasks.check_servers": "health",
     "rollouts.tasks.scrape_latency": "latency_scrape",
+    "rollouts.tasks.scrape_latency_shard": "latency_scrape_shard",
     "rollouts.tasks.reconcile_loads": "loads",
     "rollouts.tasks.reconcile_rollouts": "rollouts",
     "rollouts.tasks.reconcile_benchmarks": "benchmarks",

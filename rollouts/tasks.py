@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import Task, shared_task
+from django.conf import settings
 from django.utils import timezone
 
+from console.celery import BROKER_ERRORS
 from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.benchmarks import runs as benchmark_runs
 from rollouts.canary import reconciler as rollout_reconciler
@@ -13,8 +17,10 @@ from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
 from rollouts.slo import alerts as slo_alerts
 from rollouts.slo import routed as slo_routed
-from rollouts.traffic import latency, routes
+from rollouts.traffic import latency, routes, scrape_tick
 from rollouts.workloads import reconciler as workload_reconciler
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True)
@@ -39,9 +45,27 @@ def reconcile_loads() -> int:
 
 
 @shared_task(ignore_result=True)
-def scrape_latency() -> dict[str, int]:
-    """Beat tick: scrape every deployment's servers once and record the live window."""
-    return latency.tick()
+def scrape_latency() -> int:
+    """Beat tick: one task per shard of the fleet (``rollouts.traffic.scrape_tick``), which
+    any worker takes; a shard's task that waited a whole interval expires (the next tick's
+    replaces it). The number of shards sent."""
+    plan = scrape_tick.shards()
+    expires = settings.SWITCHYARD_SCRAPE_INTERVAL_S
+    sent = 0
+    for index, deployment_ids in plan.items():
+        try:
+            scrape_latency_shard.apply_async((index, deployment_ids), expires=expires)
+            sent += 1
+        except BROKER_ERRORS as exc:
+            log.warning("could not send scrape shard %s, the broker is unreachable (%s); the "
+                        "next tick sends it again", index, exc)
+    return sent
+
+
+@shared_task(ignore_result=True)
+def scrape_latency_shard(index: int, deployment_ids: list[int]) -> dict[str, int]:
+    """Scrape one shard's servers once, under the shard's lease, and record the live window."""
+    return scrape_tick.run({index: deployment_ids})
 
 
 @shared_task(ignore_result=True)

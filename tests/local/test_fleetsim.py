@@ -310,7 +310,9 @@ def test_triton_text_matches_the_running_real_triton(local_triton: TritonProcess
     real = httpx.get(local_triton.metrics_url, timeout=10).text
     ours = sim_text("triton")
     assert_same_families(ours, real, TRITON_PARSED)
-    assert shape(active(parse_triton(ours))) == shape(active(parse_triton(real)))
+    # The version just sent traffic: its summaries cover the last minute (a version the
+    # session served more, but longer ago, reads NaN there).
+    assert shape(active(parse_triton(ours))) == shape(parse_triton(real)[("fraud-scorer", "1")])
 
 
 @pytest.mark.vllm

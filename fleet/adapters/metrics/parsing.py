@@ -1,6 +1,11 @@
-"""How the engines' ``/metrics`` pages are read into Counters per (model, version), through
-``prometheus_client.parser`` only: :func:`parse_triton`, :func:`parse_vllm`, and :func:`parse`
-for either.
+"""How the engines' ``/metrics`` pages are read into Counters per (model, version):
+:func:`parse_triton`, :func:`parse_vllm`, and :func:`parse` for either.
+
+A scrape tick reads every server's page, so the reading is a single pass over the lines that
+keeps only the samples of the families used here (:func:`samples`) and parses their labels;
+every other line costs one dictionary lookup. It reads the text exposition format as
+``prometheus_client.parser`` does for these pages (a test holds the two to the same answers
+on the real servers' pages), about ten times faster.
 
 What the engines expose (measured on Triton 2.51 and vLLM 0.32, see docs in
 ``/work/shared/design``):
@@ -40,12 +45,9 @@ histograms (seconds) are kept under short names: ``e2e``, ``ttft``, ``itl`` (new
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from fleet.adapters.metrics.values import Counters, Histogram, Kind, SeriesKey
 
@@ -102,12 +104,51 @@ class _Acc:
     hist: dict[str, _HistAcc] = field(default_factory=dict)  # by family name
 
 
-def _counter_samples(family: Metric) -> Iterable[Sample]:
-    """The value samples of a counter family (the parser names them ``<family>_total``;
-    ``_created`` timestamps are skipped)."""
-    for sample in family.samples:
-        if sample.name in (family.name, f"{family.name}_total"):
-            yield sample
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r"\\(.)")
+_ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), "\\" + m.group(1)), value)
+
+
+def samples(text: str, names: Collection[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample of ``text`` (Prometheus text format)
+    whose name is in ``names``; the rest are skipped unparsed. Raises ValueError on a line
+    that cannot start a sample (an HTML page, say) and on a wanted sample without a value."""
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        if not (line[0].isalpha() or line[0] in "_:"):
+            raise ValueError(f"not a sample, comment or empty line: {line[:120]!r}")
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            if name not in names:
+                continue
+            end = line.rfind("}")
+            if end < brace:
+                raise ValueError(f"unclosed labels: {line[:120]!r}")
+            labels = {k: _unescape(v) for k, v in _LABEL.findall(line, brace + 1, end)}
+            rest = line[end + 1:].split()
+        else:
+            name = line if space == -1 else line[:space]
+            if name not in names:
+                continue
+            labels = {}
+            rest = line[space:].split() if space != -1 else []
+        if not rest:
+            raise ValueError(f"a sample without a value: {line[:120]!r}")
+        yield name, labels, float(rest[0])
+
+
+def _counter(*names: str) -> set[str]:
+    """The sample names of counter families (with and without ``_total``)."""
+    return {n for name in names for n in (name, f"{name}_total")}
 
 
 def is_finite(value: float) -> bool:
@@ -119,6 +160,19 @@ TRITON_COMPUTE = (
     "nv_inference_compute_input_duration_us",
     "nv_inference_compute_infer_duration_us",
     "nv_inference_compute_output_duration_us",
+)
+
+
+TRITON_SCALARS = {
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    **{name: "compute_us" for name in TRITON_COMPUTE},
+}
+TRITON_SUMMARY = "nv_inference_request_summary_us"
+#: The sample names parse_triton reads; every other line of the page is skipped.
+TRITON_SAMPLES = frozenset(
+    _counter("nv_inference_request_success", "nv_inference_request_failure", *TRITON_SCALARS)
+    | {"nv_inference_pending_request_count", TRITON_SUMMARY}
 )
 
 
@@ -136,40 +190,29 @@ def parse_triton(text: str) -> dict[SeriesKey, Counters]:
             return None
         return accs.setdefault((labels["model"], labels["version"]), _Acc())
 
-    scalar = {
-        "nv_inference_request_duration_us": "request_us",
-        "nv_inference_queue_duration_us": "queue_us",
-        **{name: "compute_us" for name in TRITON_COMPUTE},
-    }
-    for family in text_string_to_metric_families(text):
-        name = family.name
-        if name == "nv_inference_request_success":
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    acc.success += sample.value
-                    acc.has_success = True
-        elif name == "nv_inference_request_failure":
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    reason = sample.labels.get("reason", "")
-                    acc.failure += sample.value
-                    acc.failure_reasons[reason] = acc.failure_reasons.get(reason, 0.0) + sample.value
-        elif name in scalar:
-            attr = scalar[name]
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    setattr(acc, attr, getattr(acc, attr) + sample.value)
+    scalar = TRITON_SCALARS
+    for name, labels, value in samples(text, TRITON_SAMPLES):
+        family = name.removesuffix("_total")
+        if family == "nv_inference_request_success":
+            if acc := acc_for(labels):
+                acc.success += value
+                acc.has_success = True
+        elif family == "nv_inference_request_failure":
+            if acc := acc_for(labels):
+                reason = labels.get("reason", "")
+                acc.failure += value
+                acc.failure_reasons[reason] = acc.failure_reasons.get(reason, 0.0) + value
+        elif family in scalar:
+            if acc := acc_for(labels):
+                attr = scalar[family]
+                setattr(acc, attr, getattr(acc, attr) + value)
         elif name == "nv_inference_pending_request_count":
-            for sample in family.samples:
-                if acc := acc_for(sample.labels):
-                    acc.gauges["pending"] = float(sample.value)
-        elif name == "nv_inference_request_summary_us":
-            for sample in family.samples:
-                if sample.name != name or "quantile" not in sample.labels:
-                    continue
-                labels = {k: v for k, v in sample.labels.items() if k != "quantile"}
-                if (acc := acc_for(labels)) and is_finite(sample.value):
-                    acc.quantiles_us[float(sample.labels["quantile"])] = float(sample.value)
+            if acc := acc_for(labels):
+                acc.gauges["pending"] = value
+        elif name == TRITON_SUMMARY and "quantile" in labels:
+            rest = {k: v for k, v in labels.items() if k != "quantile"}
+            if (acc := acc_for(rest)) and is_finite(value):
+                acc.quantiles_us[float(labels["quantile"])] = value
     return {
         key: Counters(
             engine="triton",
@@ -186,6 +229,21 @@ def parse_triton(text: str) -> dict[SeriesKey, Counters]:
         for key, acc in accs.items()
         if acc.has_success
     }
+
+
+VLLM_GAUGES = {
+    "vllm:num_requests_running": ("running", "sum"),
+    "vllm:num_requests_waiting": ("waiting", "sum"),
+    "vllm:kv_cache_usage_perc": ("kv_cache_usage", "max"),
+    "vllm:gpu_cache_usage_perc": ("kv_cache_usage_legacy", "max"),
+}
+#: The sample names parse_vllm reads; every other line of the page is skipped.
+VLLM_SAMPLES = frozenset(
+    _counter("vllm:request_success", "vllm:admission_rejections", "vllm:prompt_tokens",
+             "vllm:generation_tokens")
+    | set(VLLM_GAUGES)
+    | {f"{family}_{part}" for family, _ in VLLM_HISTOGRAMS for part in ("bucket", "sum", "count")}
+)
 
 
 def parse_vllm(text: str) -> dict[SeriesKey, Counters]:
@@ -211,55 +269,44 @@ def parse_vllm(text: str) -> dict[SeriesKey, Counters]:
             value = max(old, value) if combine == "max" else old + value
         acc.gauges[key] = value
 
-    gauges = {
-        "vllm:num_requests_running": ("running", "sum"),
-        "vllm:num_requests_waiting": ("waiting", "sum"),
-        "vllm:kv_cache_usage_perc": ("kv_cache_usage", "max"),
-        "vllm:gpu_cache_usage_perc": ("kv_cache_usage_legacy", "max"),
-    }
-    for family in text_string_to_metric_families(text):
-        name = family.name
-        if name == "vllm:request_success":
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    reason = sample.labels.get("finished_reason", "")
-                    if reason in VLLM_FAILED_REASONS:
-                        acc.failure += sample.value
-                        acc.failure_reasons[reason] = (
-                            acc.failure_reasons.get(reason, 0.0) + sample.value
-                        )
-                    else:
-                        acc.success += sample.value
-                    acc.has_success = True
-        elif name == "vllm:admission_rejections":
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    reason = f"rejected:{sample.labels.get('reason', '')}"
-                    acc.failure += sample.value
-                    acc.failure_reasons[reason] = acc.failure_reasons.get(reason, 0.0) + sample.value
-        elif name in ("vllm:prompt_tokens", "vllm:generation_tokens"):
-            attr = name.removeprefix("vllm:")
-            for sample in _counter_samples(family):
-                if acc := acc_for(sample.labels):
-                    setattr(acc, attr, getattr(acc, attr) + sample.value)
-        elif name in gauges:
-            key, combine = gauges[name]
-            for sample in family.samples:
-                if acc := acc_for(sample.labels):
-                    add_gauge(acc, key, float(sample.value), combine=combine)
-        elif name in hist_names:
-            for sample in family.samples:
-                labels = {k: v for k, v in sample.labels.items() if k != "le"}
-                if not (acc := acc_for(labels)):
-                    continue
-                hist = acc.hist.setdefault(name, _HistAcc())
-                if sample.name == f"{name}_bucket":
-                    le = float(sample.labels["le"])
-                    hist.buckets[le] = hist.buckets.get(le, 0.0) + sample.value
-                elif sample.name == f"{name}_sum":
-                    hist.sum += sample.value
-                elif sample.name == f"{name}_count":
-                    hist.count += sample.value
+    for name, labels, value in samples(text, VLLM_SAMPLES):
+        family = name.removesuffix("_total")
+        if family == "vllm:request_success":
+            if acc := acc_for(labels):
+                reason = labels.get("finished_reason", "")
+                if reason in VLLM_FAILED_REASONS:
+                    acc.failure += value
+                    acc.failure_reasons[reason] = acc.failure_reasons.get(reason, 0.0) + value
+                else:
+                    acc.success += value
+                acc.has_success = True
+        elif family == "vllm:admission_rejections":
+            if acc := acc_for(labels):
+                reason = f"rejected:{labels.get('reason', '')}"
+                acc.failure += value
+                acc.failure_reasons[reason] = acc.failure_reasons.get(reason, 0.0) + value
+        elif family in ("vllm:prompt_tokens", "vllm:generation_tokens"):
+            if acc := acc_for(labels):
+                attr = family.removeprefix("vllm:")
+                setattr(acc, attr, getattr(acc, attr) + value)
+        elif name in VLLM_GAUGES:
+            if acc := acc_for(labels):
+                key, combine = VLLM_GAUGES[name]
+                add_gauge(acc, key, value, combine=combine)
+        else:
+            hist_name, _, part = name.rpartition("_")
+            if hist_name not in hist_names:
+                continue
+            if not (acc := acc_for({k: v for k, v in labels.items() if k != "le"})):
+                continue
+            hist = acc.hist.setdefault(hist_name, _HistAcc())
+            if part == "bucket":
+                le = float(labels["le"])
+                hist.buckets[le] = hist.buckets.get(le, 0.0) + value
+            elif part == "sum":
+                hist.sum += value
+            elif part == "count":
+                hist.count += value
 
     result: dict[SeriesKey, Counters] = {}
     for key, acc in accs.items():

@@ -22,13 +22,16 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.adapters.base import AdapterError
+from fleet.adapters.metrics import parsing
 from fleet.adapters.metrics.parsing import TRITON_SUMMARY_QUANTILES, parse_triton, parse_vllm
 from fleet.adapters.metrics.prometheus import PrometheusSource
 from fleet.adapters.metrics.rates import histogram_quantile, nearest_quantile, window, windows
 from fleet.adapters.metrics.scraping import scrape
 from fleet.adapters.metrics.values import Counters, Histogram, RequestLogSource, Snapshot
+from local.fleetsim_metrics import Series, Traffic, triton_page, vllm_page
 from local.triton import TritonProcess
 from local.vllm import VLLMProcess
 from tests.fixtures.http_server import QuietHTTPServer
@@ -186,6 +189,48 @@ def test_parse_vllm_failed_finish_reasons() -> None:
 def test_parsers_reject_non_prometheus_text() -> None:
     with pytest.raises(ValueError):
         parse_triton("<html>not metrics</html>\n")
+    with pytest.raises(ValueError):
+        parse_vllm('vllm:request_success_total{model_name="m",finished_reason="stop"}\n')
+
+
+def reference_samples(text: str, names) -> Iterator[tuple[str, dict[str, str], float]]:
+    """What prometheus_client's own parser reads of ``text``, in the shape of
+    parsing.samples."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                yield sample.name, dict(sample.labels), float(sample.value)
+
+
+HOSTILE_PAGE = """# HELP nv_inference_request_success Number of successful inference requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="a\\"b}{",version="1"} 5
+nv_inference_request_success{model="line\\nbreak",version="2"} 7 1700000000000
+nv_inference_request_success{ model = "spaced" , version="3" } 2
+nv_inference_request_failure{model="a\\"b}{",reason="BACKEND",version="1"} 1
+nv_inference_request_summary_us{model="spaced",version="3",quantile="0.99"} +Inf
+nv_inference_request_summary_us{model="spaced",version="3",quantile="0.5"} 1.5e3
+nv_inference_request_duration_us{model="spaced",version="3"} NaN
+"""
+
+
+@pytest.mark.parametrize(("kind", "page"), [
+    ("triton", "triton_metrics.txt"), ("triton", "triton_metrics_after_reload.txt"),
+    ("vllm", "vllm_metrics.txt"), ("triton", HOSTILE_PAGE), ("triton", "sim:triton"),
+    ("vllm", "sim:vllm"),
+])
+def test_the_line_reader_reads_what_prometheus_clients_parser_reads(kind, page, monkeypatch):
+    """The scrape's single-pass reader gives the same Counters as prometheus_client's parser
+    on the real servers' captured pages, the fleet simulator's and escaped labels."""
+    if page.startswith("sim:"):
+        series = [Series(kind, "model-0", "1" if kind == "triton" else "", Traffic(rps=25.0))]
+        text = (triton_page if kind == "triton" else vllm_page)(series, now=1234.5)
+    else:
+        text = page if "\n" in page else fixture_text(page)
+    fast = parsing.parse(kind, text)
+    assert fast
+    monkeypatch.setattr(parsing, "samples", reference_samples)
+    assert repr(parsing.parse(kind, text)) == repr(fast)  # repr: NaN equals NaN
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from django.utils import timezone
 from fleet.adapters.metrics.values import Window
 from fleet.models import InferenceServer
 from rollouts.models import BenchmarkJob, ModelLoad, Route, ServerWorkload
-from rollouts.traffic import latency, samples
+from rollouts.traffic import latency, live_window, samples, scrape_tick
 from rollouts.workloads import autoscaling
 from tests.factories import (
     ClusterFactory,
@@ -98,18 +98,19 @@ def scrape_twice(dep: Any, first_at: float, seconds: float = 10.0) -> None:
     (fraud-scorer v1 served 10 requests in between, p99 7.671 ms), through the scraper's own
     windowing and writing."""
     server = dep.servers.get()
-    store = latency._redis()
-    windows, taken = {}, {}
+    store = live_window.connect()
+    found = {}
     for at, name in ((first_at, "triton_metrics.txt"),
                      (first_at + seconds, "triton_metrics_after_reload.txt")):
         # Captured from a Triton serving the demo's fraud-scorer; on a shared Triton the
         # tenant's model goes by a name its slug qualifies.
         text = (CAPTURES / name).read_text().replace('model="fraud-scorer"',
                                                       f'model="{dep.model.name_on(server)}"')
-        scraped = latency.Scraped(server, at, text)
-        windows[server.pk] = latency._windows(scraped, store)
-        taken[server.pk] = at
-    assert latency._write_points(store, dep, windows, taken) == 2  # v1 and v2
+        pipe = store.pipeline()
+        found[server.pk] = scrape_tick.windows(scrape_tick.Scraped(server, at, text),
+                                               store.get(live_window.prev_key(server.pk)), pipe)
+        pipe.execute()
+    assert scrape_tick.write(store, [(dep, first_at + seconds)], found) == 2  # v1 and v2
 
 
 # --------------------------------------------------------------------------------------------
