@@ -51,6 +51,12 @@ task_prerun.connect(instrument.task_started, weak=False)
 task_postrun.connect(instrument.task_ended, weak=False)
 
 
+def queue_of(task: Task) -> str | None:
+    """The queue the running ``task`` came from (None: the default), for the tasks it fans
+    out to: work a queue of its own starts stays on that queue."""
+    return (task.request.delivery_info or {}).get("routing_key") or None
+
+
 def publish(name: str, args: tuple[Any, ...]) -> None:
     """Put the task ``name(*args)`` on the broker: the one door every task sent by name goes
     through (tests catch a task here). Raises what the broker raises."""

@@ -25,6 +25,7 @@ from console.telemetry import HTTP_DURATION, HTTP_REQUESTS, TASK_DURATION, TASKS
 #: The periodic tasks whose run is one reconcile tick, and the kind each is shown as.
 RECONCILE_KINDS: dict[str, str] = {
     "fleet.tasks.check_servers": "health",
+    "fleet.tasks.check_servers_shard": "health_shard",
     "rollouts.tasks.scrape_latency": "latency_scrape",
     "rollouts.tasks.scrape_latency_shard": "latency_scrape_shard",
     "rollouts.tasks.reconcile_loads": "loads",

@@ -201,9 +201,10 @@ SWITCHYARD_RECONCILE_INTERVAL_S = env_float("SWITCHYARD_RECONCILE_INTERVAL_S", 2
 # Live latency (rollouts/traffic/latency.py): scrape every server's /metrics this often.
 SWITCHYARD_SCRAPE_INTERVAL_S = env_float("SWITCHYARD_SCRAPE_INTERVAL_S", 1.0, minimum=0.5)
 SWITCHYARD_SCRAPE_TIMEOUT_S = env_float("SWITCHYARD_SCRAPE_TIMEOUT_S", 0.8, minimum=0.1)
-# The scrape tick's shards (rollouts/traffic/scrape_tick.py): one task each per tick, which any
-# worker takes under a lease in Redis.
-SWITCHYARD_SCRAPE_SHARDS = env_int("SWITCHYARD_SCRAPE_SHARDS", 4, minimum=1)
+# The shards the fleet's periodic work is split into (the latency scrape, rollouts/traffic/
+# scrape_tick.py, and health probes, fleet/inventory/health.py): one task each per tick, which
+# any worker takes under a lease in Redis.
+SWITCHYARD_SHARDS = env_int("SWITCHYARD_SHARDS", 4, minimum=1)
 # Prefix of every Redis key Switchyard writes besides the Celery broker's (one Redis may serve
 # several installations).
 SWITCHYARD_REDIS_PREFIX = env_str("SWITCHYARD_REDIS_PREFIX", "switchyard")

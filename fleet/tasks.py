@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+import logging
 
-from console.celery import send_now
+from celery import Task, shared_task
+from django.conf import settings
+
+from console.celery import BROKER_ERRORS, queue_of, send_now
 from fleet.audit import export as audit_export
 from fleet.inventory import health, kube_sync
 from fleet.quota import requests as quota_requests
 from fleet.webhooks import delivery
 
+log = logging.getLogger(__name__)
+
+
+@shared_task(bind=True, ignore_result=True)
+def check_servers(self: Task) -> int:
+    """Beat's health round (every SWITCHYARD_HEALTH_INTERVAL_S): one task per shard of the
+    servers, which any worker takes (a shard's task that waited a whole interval expires),
+    then every cluster's traffic router. The number of shards sent."""
+    sent = 0
+    for index in range(settings.SWITCHYARD_SHARDS):
+        try:
+            check_servers_shard.apply_async((index,), queue=queue_of(self),
+                                            expires=settings.SWITCHYARD_HEALTH_INTERVAL_S)
+            sent += 1
+        except BROKER_ERRORS as exc:
+            log.warning("could not send health shard %s, the broker is unreachable (%s); the "
+                        "next round sends it again", index, exc)
+    health.check_routers()
+    return sent
+
 
 @shared_task(ignore_result=True)
-def check_servers() -> dict[str, int]:
-    """Probe every inference server and traffic router once (beat runs this every few seconds)."""
-    counts = health.check_all()
-    health.check_routers()
-    return counts
+def check_servers_shard(index: int) -> dict[str, int]:
+    """Probe one shard's servers once, under the shard's lease."""
+    return health.check_shard(index)
 
 
 @shared_task(ignore_result=True)

@@ -8,7 +8,7 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from console.celery import BROKER_ERRORS
+from console.celery import BROKER_ERRORS, queue_of
 from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.benchmarks import runs as benchmark_runs
 from rollouts.canary import reconciler as rollout_reconciler
@@ -44,8 +44,8 @@ def reconcile_loads() -> int:
     return len(due)
 
 
-@shared_task(ignore_result=True)
-def scrape_latency() -> int:
+@shared_task(bind=True, ignore_result=True)
+def scrape_latency(self: Task) -> int:
     """Beat tick: one task per shard of the fleet (``rollouts.traffic.scrape_tick``), which
     any worker takes; a shard's task that waited a whole interval expires (the next tick's
     replaces it). The number of shards sent."""
@@ -54,7 +54,8 @@ def scrape_latency() -> int:
     sent = 0
     for index, deployment_ids in plan.items():
         try:
-            scrape_latency_shard.apply_async((index, deployment_ids), expires=expires)
+            scrape_latency_shard.apply_async((index, deployment_ids), queue=queue_of(self),
+                                             expires=expires)
             sent += 1
         except BROKER_ERRORS as exc:
             log.warning("could not send scrape shard %s, the broker is unreachable (%s); the "

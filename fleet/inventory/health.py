@@ -1,20 +1,25 @@
 """Inference server health: probe every server concurrently and record what each said.
 
 A dead or slow server costs at most one probe timeout and never delays the others: probes
-run in a thread pool, each with its own hard timeout, and the results are written as they
-come back.
+run in a thread pool, each with its own hard timeout, and the results are written in batches
+as they come back (one read and one UPDATE a batch, whatever their number). Beat's round
+sends one task per shard of the fleet (``SWITCHYARD_SHARDS``, servers by id), which any
+worker takes under the shard's lease in Redis (:func:`check_shard`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, as_completed, wait
 from typing import Any
 
+import redis
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from fleet.adapters import triton, vllm
@@ -29,7 +34,10 @@ PROBES: dict[str, Callable[[str, float], ServerProbe]] = {
     InferenceServer.Runtime.TRITON: triton.probe,
     InferenceServer.Runtime.VLLM: vllm.probe,
 }
-MAX_PARALLEL_PROBES = 16
+MAX_PARALLEL_PROBES = 32  # a round of servers; hung ones hold a thread for one timeout each
+MAX_PARALLEL_ROUTERS = 16
+FLUSH_IDLE_S = 0.05  # probes' results paused this long: write what came
+FLUSH_EVERY_S = 0.25  # and at least this often while they keep coming
 
 
 def classify(probe: ServerProbe) -> str:
@@ -40,40 +48,56 @@ def classify(probe: ServerProbe) -> str:
     return InferenceServer.Health.UNREACHABLE
 
 
-def record_probe(server_id: int, probe: ServerProbe) -> InferenceServer | None:
-    """Write one probe's result. Returns None if the server was deleted meanwhile."""
-    server = InferenceServer.objects.filter(pk=server_id).first()
-    if server is None:
-        return None
-    now = timezone.now()
+#: What a probe writes on a server's row.
+RECORDED = ("health", "health_detail", "last_checked_at", "probe_latency_ms", "health_changed_at",
+            "last_seen_at", "consecutive_failures", "server_version", "reported_models")
+
+
+def _apply(server: InferenceServer, probe: ServerProbe, now: Any) -> None:
+    """Set on ``server`` (as read just now) what ``probe`` says."""
     new_health = classify(probe)
-    changes: dict[str, object] = {
-        "health": new_health,
-        "health_detail": probe.error,
-        "last_checked_at": now,
-        "probe_latency_ms": probe.latency_ms,
-    }
     if new_health != server.health:
-        changes["health_changed_at"] = now
+        server.health_changed_at = now
         log.info("server %s is now %s: %s", server, new_health, probe.error or "ready")
+    server.health, server.health_detail = new_health, probe.error
+    server.last_checked_at, server.probe_latency_ms = now, probe.latency_ms
     if probe.live or probe.ready:
-        changes.update(
-            last_seen_at=now,
-            consecutive_failures=0,
-            server_version=probe.version or server.server_version,
-            reported_models=[
-                {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
-                for m in probe.models
-            ],
-        )
+        server.last_seen_at, server.consecutive_failures = now, 0
+        server.server_version = probe.version or server.server_version
+        server.reported_models = [
+            {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason}
+            for m in probe.models
+        ]
     else:
         # What an unreachable server had loaded is unknown now: show nothing rather than stale.
-        changes.update(consecutive_failures=F("consecutive_failures") + 1, reported_models=[])
-    # An UPDATE, not save(): a server deleted since the read above simply updates no row.
-    if not InferenceServer.objects.filter(pk=server_id).update(**changes):
-        return None
-    server.refresh_from_db()
-    return server
+        server.consecutive_failures += 1
+        server.reported_models = []
+
+
+def record_probes(results: list[tuple[int, ServerProbe]]) -> list[InferenceServer]:
+    """Write probes' results: one read of the servers' rows as they are now, one UPDATE of
+    all of them. A server deleted meanwhile is left out (and not in the list returned)."""
+    if not results:
+        return []
+    rows = InferenceServer.objects.select_related("cluster").in_bulk([pk for pk, _ in results])
+    now = timezone.now()
+    written = []
+    for pk, probe in results:
+        if (server := rows.get(pk)) is not None:
+            _apply(server, probe, now)
+            written.append(server)
+    if written and InferenceServer.objects.bulk_update(written, RECORDED) < len(written):
+        # Some row went between the read and the write (a server deleted): not recorded.
+        left = set(InferenceServer.objects.filter(pk__in=[s.pk for s in written])
+                   .values_list("pk", flat=True))
+        written = [server for server in written if server.pk in left]
+    return written
+
+
+def record_probe(server_id: int, probe: ServerProbe) -> InferenceServer | None:
+    """Write one probe's result. Returns None if the server was deleted meanwhile."""
+    written = record_probes([(server_id, probe)])
+    return written[0] if written else None
 
 
 def _probe(server: InferenceServer, timeout: float) -> ServerProbe:
@@ -87,6 +111,77 @@ def check_server(server_id: int, timeout: float | None = None) -> InferenceServe
     return record_probe(server.pk, _probe(server, timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S))
 
 
+def check_all(timeout: float | None = None) -> dict[str, int]:
+    """Probe every server in parallel, in this process (tests and benchmarks; beat's rounds
+    send a task per shard: :func:`check_shard`); how many ended in each health state."""
+    return _check(list(InferenceServer.objects.all()), timeout)
+
+
+def shard_of(servers: QuerySet[InferenceServer], index: int, count: int) -> QuerySet[InferenceServer]:
+    """The servers of shard ``index`` of ``count``: those whose id is ``index`` mod ``count``."""
+    return servers.alias(shard=F("pk") % count).filter(shard=index)
+
+
+def check_shard(index: int, count: int | None = None, timeout: float | None = None) -> dict[str, int]:
+    """Probe the servers of one shard under its lease in Redis (``<prefix>:health:shard:<n>``,
+    lasting 1.9 health intervals, so one held by a worker that died has run out by the second
+    round after). A shard whose lease another worker holds is skipped (``{"skipped": 1}``)."""
+    count = count or settings.SWITCHYARD_SHARDS
+    store = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    lease = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:health:shard:{index}",
+                       timeout=max(1.9 * settings.SWITCHYARD_HEALTH_INTERVAL_S,
+                                   (timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S) + 1.0),
+                       blocking=False)
+    if not lease.acquire():
+        return {"skipped": 1}
+    try:
+        return _check(list(shard_of(InferenceServer.objects.all(), index, count)), timeout)
+    finally:
+        with contextlib.suppress(redis.exceptions.LockError):
+            lease.release()
+
+
+def _check(servers: list[InferenceServer], timeout: float | None) -> dict[str, int]:
+    """Probe ``servers`` at once (up to MAX_PARALLEL_PROBES in flight: a hung server holds one
+    thread for one timeout, never the round), writing results in batches as they come: when
+    they pause for FLUSH_IDLE_S, at least every FLUSH_EVERY_S, and at the end."""
+    timeout = timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S
+    counts: dict[str, int] = {}
+    if not servers:
+        return counts
+    pending: list[tuple[int, ServerProbe]] = []
+    flushed = time.monotonic()
+
+    def flush() -> None:
+        nonlocal flushed
+        flushed = time.monotonic()
+        for server in record_probes(pending):
+            counts[server.health] = counts.get(server.health, 0) + 1
+        pending.clear()
+
+    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(servers)),
+                              thread_name_prefix="probe")
+    try:
+        futures = {pool.submit(_probe, server, timeout): server for server in servers}
+        waiting = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=FLUSH_IDLE_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                server = futures[future]
+                try:
+                    pending.append((server.pk, future.result()))
+                except Exception as exc:
+                    log.exception("probe of %s failed", server)
+                    pending.append((server.pk, ServerProbe(False, False, "", [],
+                                                           f"probe failed: {exc}", 0.0)))
+            if pending and (not done or time.monotonic() - flushed >= FLUSH_EVERY_S):
+                flush()
+        flush()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return counts
+
+
 def _probe_all(
     targets: list[tuple[Any, Callable[[], Any]]],
     failed: Callable[[Exception], Any],
@@ -98,7 +193,7 @@ def _probe_all(
     counts: dict[str, int] = {}
     if not targets:
         return counts
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(targets)),
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_ROUTERS, len(targets)),
                             thread_name_prefix="probe") as pool:
         futures = {pool.submit(probe): target for target, probe in targets}
         for future in as_completed(futures):
@@ -112,22 +207,6 @@ def _probe_all(
             if state is not None:
                 counts[state] = counts.get(state, 0) + 1
     return counts
-
-
-def check_all(timeout: float | None = None) -> dict[str, int]:
-    """Probe every server in parallel; return how many ended in each health state."""
-    timeout = timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S
-
-    def record(server: InferenceServer, probe: ServerProbe) -> str | None:
-        recorded = record_probe(server.pk, probe)
-        return recorded.health if recorded is not None else None
-
-    return _probe_all(
-        [(server, functools.partial(_probe, server, timeout))
-         for server in InferenceServer.objects.all()],
-        lambda exc: ServerProbe(False, False, "", [], f"probe failed: {exc}", 0.0),
-        record,
-    )
 
 
 # --- Traffic routers ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The scrape tick: every server that carries a deployment, scraped once a tick, its rates
 turned into one point per (deployment, version) in the live window and the minute rollups.
 
-**Shards.** The fleet is split into ``SWITCHYARD_SCRAPE_SHARDS`` shards (:func:`shards`). A
+**Shards.** The fleet is split into ``SWITCHYARD_SHARDS`` shards (:func:`shards`). A
 deployment's point adds up all of its servers, and a server may carry several deployments, so
 a shard is made of whole groups of deployments and the servers they share (the connected
 groups of the deployment-server graph), each group in shard ``its lowest server id mod
@@ -98,8 +98,8 @@ def _label(kind: str, version: str, model: str) -> str:
 def shards(count: int | None = None) -> dict[int, list[int]]:
     """The ids of the deployments to scrape, by shard (only shards with any): each connected
     group of deployments and the servers they share goes to shard ``lowest server id mod
-    count`` (count: ``SWITCHYARD_SCRAPE_SHARDS``). One statement."""
-    count = count or settings.SWITCHYARD_SCRAPE_SHARDS
+    count`` (count: ``SWITCHYARD_SHARDS``). One statement."""
+    count = count or settings.SWITCHYARD_SHARDS
     pairs = list(Deployment.servers.through.objects.filter(
         deployment__archived_at__isnull=True).values_list("deployment_id", "inferenceserver_id"))
     parent: dict[tuple[str, int], tuple[str, int]] = {}

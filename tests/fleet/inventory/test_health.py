@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
+import redis
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from fleet.adapters.base import ServerProbe
 from fleet.inventory import health
@@ -468,3 +470,80 @@ def test_console_live_table_needs_a_login(client) -> None:
     response = client.get("/fleet/servers/live/")
     assert response.status_code == 302
     assert response["Location"].startswith("/login/")
+
+
+# --- Rounds at fleet size: shards, leases, batched writes --------------------------------------
+
+
+@CHECK_ALL_DB
+def test_shards_split_the_servers_each_in_one(cluster) -> None:
+    made = {InferenceServerFactory(cluster=cluster, name=f"s{i}").pk for i in range(11)}
+    parts = [set(health.shard_of(InferenceServer.objects.all(), i, 3).values_list("pk", flat=True))
+             for i in range(3)]
+    assert set().union(*parts) == made
+    assert sum(len(p) for p in parts) == len(made)
+    assert all(pk % 3 == i for i, part in enumerate(parts) for pk in part)
+
+
+@CHECK_ALL_DB
+def test_a_shard_another_worker_holds_is_skipped_and_taken_when_its_lease_ends(
+    cluster, settings
+) -> None:
+    InferenceServerFactory(cluster=cluster, http_url=closed_port_url())
+    store = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.SWITCHYARD_REDIS_PREFIX}:health:shard:0"
+    store.delete(key)
+    assert store.lock(key, timeout=1.0, blocking=False).acquire()  # a worker that died with it
+
+    assert health.check_shard(0, count=1, timeout=0.5) == {"skipped": 1}
+    time.sleep(1.1)
+    assert health.check_shard(0, count=1, timeout=0.5) == {Health.UNREACHABLE: 1}
+    assert store.get(key) is None  # released after the round
+
+
+@pytest.mark.parametrize("count", [10, 40])
+@CHECK_ALL_DB
+def test_a_round_runs_the_same_statements_for_ten_servers_as_for_forty(
+    cluster, count, monkeypatch
+) -> None:
+    """One read of the servers, then per batch one read of their rows and one UPDATE (one
+    batch here), whatever the number of servers."""
+    for i in range(count):
+        InferenceServerFactory(cluster=cluster, name=f"closed-{i}", http_url=closed_port_url())
+    monkeypatch.setattr(health, "FLUSH_IDLE_S", 30.0)
+    monkeypatch.setattr(health, "FLUSH_EVERY_S", 30.0)
+
+    with CaptureQueriesContext(connection) as queries:
+        counts = health.check_all(timeout=1.0)
+
+    assert counts == {Health.UNREACHABLE: count}
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(("BEGIN", "COMMIT",
+                                                                           "SAVEPOINT", "RELEASE"))]
+    assert len(statements) == 3, " | ".join(sql[:60] for sql in statements)
+    assert set(InferenceServer.objects.values_list("consecutive_failures", flat=True)) == {1}
+
+
+@CHECK_ALL_DB
+def test_twenty_hung_servers_cost_one_timeout_not_two(cluster) -> None:
+    """More hung servers than the old 16 probes in flight: still one timeout for the round."""
+    socks = []
+    try:
+        for i in range(20):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(16)
+            socks.append(sock)
+            InferenceServerFactory(cluster=cluster, name=f"hung-{i}",
+                                   http_url=f"http://127.0.0.1:{sock.getsockname()[1]}")
+        # Long enough that a busy machine's scheduling (well under a second) cannot pass for
+        # a second wave of timeouts.
+        timeout = 3.0
+        started = time.monotonic()
+        counts = health.check_all(timeout=timeout)
+        took = time.monotonic() - started
+    finally:
+        for sock in socks:
+            sock.close()
+    assert counts == {Health.UNREACHABLE: 20}
+    # Two timeouts would mean the hung servers waited in line; the rest is bookkeeping.
+    assert took < 2 * timeout, took

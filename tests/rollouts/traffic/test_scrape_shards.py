@@ -157,10 +157,10 @@ def test_a_lease_left_by_a_dead_worker_runs_out_within_two_ticks(fleet, settings
 
 def test_beat_sends_one_task_per_shard(fleet, settings, monkeypatch):
     register(fleet, 12)
-    settings.SWITCHYARD_SCRAPE_SHARDS = 3
+    settings.SWITCHYARD_SHARDS = 3
     sent = []
     monkeypatch.setattr(tasks.scrape_latency_shard, "apply_async",
-                        lambda args, expires: sent.append((args, expires)))
+                        lambda args, queue, expires: sent.append((args, expires)))
 
     assert tasks.scrape_latency() == len(sent) > 0
     assert sorted(index for (index, _ids), _ in sent) == sorted(scrape_tick.shards())
