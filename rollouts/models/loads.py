@@ -101,6 +101,8 @@ class ModelLoad(IdempotentJob):
             # A tenant's loads, newest first (the API's list): a page is read in index order
             # instead of joining and sorting all of the tenant's loads.
             models.Index(fields=["tenant", "-created_at", "-id"], name="load_tenant_newest"),
+            # Every tenant's loads, newest first (a platform admin's list), read the same way.
+            models.Index(fields=["-created_at", "-id"], name="load_newest"),
         ]
 
     def __str__(self) -> str:
