@@ -2,6 +2,10 @@
 
 DRF reads an empty ``?page=`` as page 1 and answers ``page=abc`` with a 404; here a page
 number is a whole number from 1, as the schema says, and a page past the end is a 404.
+
+The lists that grow without bound (the audit log, model loads) page by cursor instead
+(:class:`NewestFirstCursorPagination`): each page is read from an index where the last one
+ended, so the millionth page costs what the first does and no ``COUNT(*)`` scans the table.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from rest_framework import pagination, serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 
 from console.filters import MAX_INTEGER, parse_integer
@@ -42,3 +47,32 @@ class PageNumberPagination(pagination.PageNumberPagination):
             if parameter["name"] == self.page_query_param:
                 parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": MAX_INTEGER}
         return parameters
+
+
+class NewestFirstCursorPagination(pagination.CursorPagination):
+    """Keyset pages, newest first, by ``(created_at, id)``: follow ``next`` (older rows) and
+    ``previous`` (newer). There is no ``count``: counting a table of millions of rows is the
+    scan this avoids.
+
+    ``?page=1`` (a link from before) answers the first page; another page number is a 400
+    naming ``page`` (page numbers of a list that grows at the top would skip or repeat rows).
+    A cursor this list did not give is a 400 naming ``cursor``.
+    """
+
+    ordering = ("-created_at", "-id")
+    page_query_param = "page"
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        raw = request.query_params.get(self.page_query_param)
+        if raw is not None and raw.strip() != "1":
+            raise serializers.ValidationError({self.page_query_param: [
+                "this list pages by cursor: follow the answer's next and previous links "
+                "(?page=1 is the first page)"]})
+        return super().paginate_queryset(queryset, request, view)
+
+    def decode_cursor(self, request: Request) -> Any:
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise serializers.ValidationError({self.cursor_query_param: [
+                "not a cursor this list gave: follow the next and previous links"]}) from None

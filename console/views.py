@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.templatetags.static import static
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
 
-from console.paging import paginate, querystring_without_page
+from console.paging import keyset_paginate, querystring_without_cursor
 from fleet.api.filters import AuditEventFilter
 from fleet.audit import export as audit_export_domain
 from fleet.models import AuditEvent, InferenceServer, Quota, Tenant
 from fleet.quota.admission import usage_for
 from rollouts.models import Deployment, Model, ModelVersion
 from rollouts.slo import pages as slo_pages
+
+# The audit log's Action and Object type filters offer what this many of the newest events say.
+VOCABULARY_WINDOW = 5000
 
 
 @login_required
@@ -55,19 +61,14 @@ def fleet_health_partial(request: HttpRequest) -> HttpResponse:
 def audit_log(request: HttpRequest) -> HttpResponse:
     events = AuditEvent.objects.visible_to(request.user).select_related("tenant")
     filterset = AuditEventFilter(request.GET, queryset=events)
+    verbs, object_types = recent_vocabulary(events, request.GET)
     context = {
         "filter": filterset,
-        "page": paginate(request, filterset.qs if filterset.is_valid() else events.none()),
+        "page": keyset_paginate(request, filterset.qs if filterset.is_valid() else events.none()),
         "tenants": Tenant.objects.visible_to(request.user),
-        "verbs": AuditEvent.objects.visible_to(request.user)
-        .order_by("verb")
-        .values_list("verb", flat=True)
-        .distinct(),
-        "object_types": AuditEvent.objects.visible_to(request.user)
-        .order_by("object_type")
-        .values_list("object_type", flat=True)
-        .distinct(),
-        "qs": querystring_without_page(request),
+        "verbs": verbs,
+        "object_types": object_types,
+        "qs": querystring_without_cursor(request),
     }
     if request.htmx:
         # htmx swaps only 2xx answers: the partial shows the error in place.
@@ -75,6 +76,17 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     # A page whose filter could not be read says so in its status too (the page names the field).
     return render(request, "console/audit_log.html", context,
                   status=200 if filterset.is_valid() else 400)
+
+
+def recent_vocabulary(events: QuerySet, chosen: Any) -> tuple[list[str], list[str]]:
+    """The actions and object types the filters offer: those of the newest
+    ``VOCABULARY_WINDOW`` events the viewer may see (a DISTINCT over every event would read
+    all of them), and the ones chosen."""
+    seen = list(events.order_by("-created_at", "-id")
+                .values_list("verb", "object_type")[:VOCABULARY_WINDOW])
+    verbs = {v for v, _ in seen} | ({chosen["verb"]} if chosen.get("verb") else set())
+    types = {t for _, t in seen} | ({chosen["object_type"]} if chosen.get("object_type") else set())
+    return sorted(verbs), sorted(types)
 
 
 @login_required

@@ -19,6 +19,7 @@ from rest_framework.serializers import BaseSerializer
 
 from console.exceptions import DomainError
 from console.filters import FilterSet
+from console.pagination import NewestFirstCursorPagination
 from fleet import audit
 from fleet.api import inventory_serializers as inv
 from fleet.api import serializers as s
@@ -368,6 +369,7 @@ class AuditEventViewSet(TenantScopedViewSetMixin, viewsets.ReadOnlyModelViewSet)
     queryset = AuditEvent.objects.select_related("tenant")
     serializer_class = s.AuditEventSerializer
     filterset_class = AuditEventFilter
+    pagination_class = NewestFirstCursorPagination
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # A client that asks the export for text/csv gets the stream, and a refusal in JSON.

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 from console.exceptions import DomainError
 from console.filters import FilterSet, parse_integer
+from console.pagination import NewestFirstCursorPagination
 from fleet.api.base import (
     DEPLOYER_WRITES,
     TenantScopedViewSetMixin,
@@ -374,6 +375,7 @@ class ModelLoadViewSet(
     read_only = ("deployment__name", "server__name", "version__version", "version__model__name")
     serializer_class = s.ModelLoadSerializer
     filterset_class = LoadFilterSet
+    pagination_class = NewestFirstCursorPagination
 
     @extend_schema(
         request=s.LoadRequestSerializer,

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import HTMX_STOP_POLLING
 
-from console.paging import paginate, querystring_without_page
+from console.paging import keyset_paginate, querystring_without_cursor
 from fleet.api.refs import is_id
 from fleet.models import InferenceServer, Membership
 from fleet.tenancy.scoping import require_role
@@ -42,16 +43,19 @@ def load_list(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(version__version=int(chosen["version"]))
     if is_id(chosen["server"]):
         rows = rows.filter(server_id=int(chosen["server"]))
-    deployments = Deployment.objects.visible_to(request.user).filter(loads__isnull=False).distinct()
+    # EXISTS, one index probe a deployment or server, where a join would read every load.
+    visible = ModelLoad.objects.visible_to(request.user)
+    deployments = Deployment.objects.visible_to(request.user).filter(
+        Exists(visible.filter(deployment=OuterRef("pk"))))
     context = {
-        "page": paginate(request, rows),
-        "qs": querystring_without_page(request),
+        "page": keyset_paginate(request, rows),
+        "qs": querystring_without_cursor(request),
         "chosen": chosen,
         "states": ModelLoad.State.choices,
         "deployments": deployments.select_related("tenant").order_by("tenant__slug", "name"),
         "servers": InferenceServer.objects.filter(
-            model_loads__in=ModelLoad.objects.visible_to(request.user)
-        ).distinct().order_by("name"),
+            Exists(visible.filter(server=OuterRef("pk")))
+        ).order_by("name"),
     }
     template = "rollouts/load_list.html#results" if request.htmx else "rollouts/load_list.html"
     return render(request, template, context)

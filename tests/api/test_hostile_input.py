@@ -359,7 +359,7 @@ def test_since_and_until_with_an_offset_are_compared_in_utc(alice, bob, tenant_a
     def count(**params) -> int:
         response = client.get("/api/v1/audit-events/", params)
         assert response.status_code == 200, response.json()
-        return response.json()["count"]
+        return len(response.json()["results"])  # the audit log pages by cursor: no count
 
     # 10:00 UTC is 23:59 at +13:59 and 00:00 the next day at +14:00.
     assert count(since="2026-05-01T23:59:00+13:59") == 1

@@ -108,7 +108,7 @@ def test_an_empty_date_time_or_choice_is_refused_and_empty_text_is_no_filter(ali
 
     assert_refused(client.get("/api/v1/audit-events/", {"until": ""}), "until", "give a value")
     assert_refused(client.get("/api/v1/clusters/", {"kind": ""}), "kind", "give a value")
-    assert client.get("/api/v1/audit-events/", {"actor": ""}).json()["count"] == 1
+    assert len(client.get("/api/v1/audit-events/", {"actor": ""}).json()["results"]) == 1
 
 
 def test_the_console_audit_form_still_reads_empty_fields_as_no_filter(alice, tenant_a):
@@ -127,7 +127,7 @@ def test_a_list_of_choices_checks_each_one(alice, world, schema):
 
     both = client.get("/api/v1/loads/", {"state__in": "ready,failed"})
 
-    assert both.json()["count"] == 2
+    assert len(both.json()["results"]) == 2  # loads page by cursor: no count
     assert_refused(client.get("/api/v1/loads/", {"state__in": "ready,bogus"}), "state__in")
     assert_refused(client.get("/api/v1/loads/", {"state__in": "ready,"}), "state__in", "empty item")
     assert_refused(client.get("/api/v1/loads/", {"state__in": ""}), "state__in", "give a value")
@@ -149,7 +149,7 @@ def test_loads_filter_and_take_the_deployment_by_id_or_name(alice, world):
 
     assert [row["deployment"] for row in by_name.json()["results"]] == ["fraud-prod"]
     assert by_id.json() == by_name.json()
-    assert nothing.json()["count"] == 0
+    assert nothing.json()["results"] == []
     assert_refused(unknown, "deployment", "no deployment with name 'nope'")
     assert_refused(as_float, "version", "fraud-scorer has no version 9")  # 7.0 is id 7
 
