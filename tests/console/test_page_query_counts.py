@@ -1,0 +1,86 @@
+"""SQL statements per console page, pinned, and the same however many rows there are: the
+pages a fleet team reads all day (dashboard, fleet, deployments, audit log, loads), as a
+tenant member and as a platform admin. A query per row (an N+1) fails here long before a
+fleet-sized database shows it (bench/pages.py measures those).
+
+Every count includes the session and the user; a member's adds their memberships.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from tests.api.test_query_counts import _grow
+
+PAGES = {
+    "dashboard": "/",
+    "fleet": "/fleet/",
+    "fleet servers (live)": "/fleet/servers/live/",
+    "deployments": "/registry/deployments/",
+    "audit log": "/audit/",
+    "audit log, filtered": "/audit/?verb=updated&object_type=rollouts.model",
+    "loads": "/registry/loads/",
+    "loads, filtered": "/registry/loads/?state=ready",
+}
+
+
+def _counts(user) -> dict[str, int]:
+    client = Client()
+    client.force_login(user)
+    client.get("/")  # warm what a first request caches (the session's user)
+    counts = {}
+    for name, path in PAGES.items():
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(path)
+        assert response.status_code == 200, (path, response.status_code)
+        counts[name] = len(queries)
+    return counts
+
+
+@pytest.fixture
+def others(tenant_b, charlie):
+    """Another tenant's rows next to the viewer's."""
+    _grow(tenant_b, charlie, 2)
+
+
+@pytest.mark.parametrize("persona", ["bob", "root"])
+def test_a_page_runs_as_many_queries_with_five_times_the_rows(request, persona, others,
+                                                              tenant_a, alice):
+    user = request.getfixturevalue(persona)
+    _grow(tenant_a, alice, 1)
+    few = _counts(user)
+    _grow(tenant_a, alice, 5)
+
+    many = _counts(user)
+
+    assert tenant_a.model_loads.count() == 26 and tenant_a.audit_events.count() > 25
+    assert many == few
+
+
+EXPECTED = {
+    # session, user, memberships; servers; counts of models, versions, pending, deployments;
+    # quotas and their usage; the SLO summary (5); tenants; pending versions; recent events
+    "dashboard": 19,
+    "fleet": 6,  # session, user, memberships; clusters, nodes, servers
+    "fleet servers (live)": 8,
+    # session, user, memberships; deployments in use and archived (counts: a few hundred
+    # rows at most), the page, its servers
+    "deployments": 7,
+    # session, user, memberships; the filters' vocabulary (newest 5,000), the page, the
+    # count up to 1,001, tenants
+    "audit log": 7,
+    "audit log, filtered": 7,
+    # session, user, memberships; the page, the count up to 1,001, deployments and servers
+    # with loads (EXISTS)
+    "loads": 7,
+    "loads, filtered": 7,
+}
+
+
+def test_each_page_runs_the_pinned_number_of_queries(others, tenant_a, alice, bob):
+    _grow(tenant_a, alice, 3)
+
+    assert _counts(bob) == EXPECTED
