@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -22,7 +23,9 @@ def check_servers(self: Task) -> int:
     servers, which any worker takes (a shard's task that waited a whole interval expires),
     then every cluster's traffic router. The number of shards sent."""
     sent = 0
-    for index in range(settings.SWITCHYARD_SHARDS):
+    count = settings.SWITCHYARD_SHARDS
+    turn = int(time.time() / settings.SWITCHYARD_HEALTH_INTERVAL_S) % count  # see scrape_latency
+    for index in [*range(turn, count), *range(turn)]:
         try:
             check_servers_shard.apply_async((index,), queue=queue_of(self),
                                             expires=settings.SWITCHYARD_HEALTH_INTERVAL_S)

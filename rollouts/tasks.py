@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -49,10 +50,13 @@ def scrape_latency(self: Task) -> int:
     """Beat tick: one task per shard of the fleet (``rollouts.traffic.scrape_tick``), which
     any worker takes; a shard's task that waited a whole interval expires (the next tick's
     replaces it). The number of shards sent."""
-    plan = scrape_tick.shards()
+    plan = list(scrape_tick.shards().items())
     expires = settings.SWITCHYARD_SCRAPE_INTERVAL_S
+    # Each tick starts at another shard: workers that fall behind let the shards at the end
+    # of the queue expire, and those must not be the same shards every tick.
+    turn = int(time.time() / expires) % len(plan) if plan else 0
     sent = 0
-    for index, deployment_ids in plan.items():
+    for index, deployment_ids in plan[turn:] + plan[:turn]:
         try:
             scrape_latency_shard.apply_async((index, deployment_ids), queue=queue_of(self),
                                              expires=expires)

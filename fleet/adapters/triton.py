@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-import httpx
-
 from fleet.adapters.base import (
     Deadline,
     ModelState,
     ProbeFailed,
     ServerProbe,
     elapsed_ms,
+    http_client,
     parse_json,
     probe_within,
     request,
@@ -58,7 +57,7 @@ def _probe(
     version = ""
     models: list[ModelState] = []
     problems: list[str] = []
-    with httpx.Client(headers=dict(headers or {})) as client:
+    with http_client(headers=dict(headers or {})) as client:
         try:
             status, _ = request(client, "GET", f"{base}/v2/health/live", deadline)
             live = status == 200
@@ -122,7 +121,7 @@ def model_metadata(http_url: str, model: str, version: int | str, timeout: float
     its ``inputs`` and ``outputs``, each ``{"name", "datatype", "shape"}``. Raises
     ProbeFailed with a readable reason when the server cannot say."""
     url = f"{http_url.rstrip('/')}/v2/models/{model}/versions/{version}"
-    with httpx.Client() as client:
+    with http_client() as client:
         status, body = request(client, "GET", url, Deadline(timeout))
     if status != 200:
         try:

@@ -31,6 +31,7 @@ from fleet.adapters.base import (
     ServerProbe,
     describe_http_error,
     elapsed_ms,
+    http_client,
     parse_json,
     probe_within,
     request,
@@ -74,7 +75,7 @@ def _probe(
     version = ""
     models: list[ModelState] = []
     problems: list[str] = []
-    with httpx.Client(headers=dict(headers or {})) as client:
+    with http_client(headers=dict(headers or {})) as client:
         try:
             # Any HTTP answer means the API process is up; 200 means the engine is healthy.
             status, _ = request(client, "GET", f"{base}/health", deadline)

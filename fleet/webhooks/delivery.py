@@ -37,6 +37,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from fleet.adapters.base import http_client
 from fleet.models import Webhook, WebhookDelivery
 from fleet.webhooks import outbound
 from fleet.webhooks.events import PING
@@ -246,7 +247,7 @@ def _send(webhook: Webhook, body: bytes, event: str, target: outbound.Target,
     }
     timeout = settings.SWITCHYARD_WEBHOOK_TIMEOUT_S
     # No proxy from the environment: the connection must go to the address checked.
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+    with http_client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
         reason = ""
         for address in addresses or [None]:
             url, extra, extensions = (

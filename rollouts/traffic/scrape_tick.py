@@ -11,9 +11,10 @@ any worker takes; a shard is scraped under a lease in Redis (:func:`run`), so tw
 scrape it in one tick, and a worker that dies holding it leaves a lease that runs out within
 two ticks, when the next tick's task, on another worker, takes the shard.
 
-**What a tick costs.** Every server of a shard is scraped in parallel, each with a hard
-timeout, and the whole scrape has a deadline, so a hung server costs one timeout and delays
-nobody else (:func:`scrape_all`). Rates come from the difference with the server's previous
+**What a tick costs.** Every server of a shard is scraped at once on the process's event loop
+of keep-alive connections (``fleet.adapters.metrics.fetcher``), each with a hard timeout, and
+the whole scrape has a deadline, so a hung server costs one timeout and delays nobody else
+(:func:`scrape_all`). Rates come from the difference with the server's previous
 scrape, kept in Redis as its raw text (any worker can take the next tick) and, in the process
 that took it, parsed (so a worker that scrapes a shard again parses each page once). The
 database is read twice a shard tick (its deployments, their servers) and written once per
@@ -30,23 +31,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
+import queue
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import redis
 from django.conf import settings
 from django.db.models import Prefetch
 
 from console import telemetry
-from fleet.adapters.base import AdapterError
-from fleet.adapters.metrics import parsing, rates, scraping
+from fleet.adapters.metrics import fetcher, parsing, rates
 from fleet.adapters.metrics.values import Counters, SeriesKey
 from fleet.inventory import loadstats
 from fleet.models import InferenceServer
@@ -56,7 +54,6 @@ from rollouts.traffic import live_window
 
 log = logging.getLogger(__name__)
 
-MAX_PARALLEL = 32
 # Beyond the scrape timeout, what a tick waits for its scrape threads to start and finish.
 TICK_GRACE_S = 0.2
 FLUSH_IDLE_S = 0.05  # results paused this long: write what is complete
@@ -75,15 +72,6 @@ class Scraped:
 
 def kind_of(server: InferenceServer) -> str:
     return "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
-
-
-def _scrape(server: InferenceServer, timeout: float, client: httpx.Client) -> Scraped:
-    url = server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
-    taken = time.time()
-    try:
-        return Scraped(server, taken, scraping.fetch_text(kind_of(server), url, timeout, client))
-    except AdapterError as exc:
-        return Scraped(server, taken, None, exc.message)
 
 
 def _label(kind: str, version: str, model: str) -> str:
@@ -171,58 +159,36 @@ def run(plan: dict[int, list[int]], timeout: float | None = None) -> dict[str, i
 
 
 def scrape_all(servers: list[InferenceServer], timeout: float) -> Iterator[Scraped | None]:
-    """Scrape every server in parallel; yield each result as it completes, and None whenever
-    no result came for FLUSH_IDLE_S (the caller's moment to write what is complete).
+    """Scrape every server at once (``fleet.adapters.metrics.fetcher``); yield each result as
+    it comes, and None whenever none came for FLUSH_IDLE_S (the caller's moment to write what
+    is complete).
 
     The whole scrape has a hard deadline of ``timeout`` plus a little grace: a server that
-    has not answered by then (hung, or its thread never got to run) is yielded as failed and
-    abandoned, so it holds up neither the other servers' results nor the tick's end.
+    has not answered by then is yielded as failed and abandoned, so it holds up neither the
+    other servers' results nor the tick's end.
     """
     deadline = time.monotonic() + timeout + TICK_GRACE_S
-    limits = httpx.Limits(max_connections=MAX_PARALLEL, max_keepalive_connections=MAX_PARALLEL)
-    client = httpx.Client(limits=limits)
-    pool = ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(servers)),
-                              thread_name_prefix="latency-scrape")
-    futures = {pool.submit(_scrape, server, timeout, client): server for server in servers}
-    pending = set(futures)
-    try:
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            done, pending = wait(pending, timeout=min(FLUSH_IDLE_S, left),
-                                 return_when=FIRST_COMPLETED)
-            if not done:
-                yield None
-            for future in done:
-                yield future.result()
-        for future in pending:
-            yield (future.result() if future.done() else Scraped(
-                futures[future], time.time(), None,
-                f"no answer within the tick's deadline of {timeout + TICK_GRACE_S:.1f} s; "
-                "abandoned"))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        _close_when_done(list(futures), client)
+    results = fetcher.fetcher().fetch(((s, metrics_url(s)) for s in servers), timeout)
+    pending = {s.pk: s for s in servers}
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            got = results.get(timeout=min(FLUSH_IDLE_S, left))
+        except queue.Empty:
+            yield None
+            continue
+        if pending.pop(got.target.pk, None) is not None:
+            yield Scraped(got.target, got.taken_at, got.text, got.error)
+    for server in pending.values():
+        yield Scraped(server, time.time(), None,
+                      f"no answer within the tick's deadline of {timeout + TICK_GRACE_S:.1f} s; "
+                      "abandoned")
 
 
-def _close_when_done(futures: list[Future[Scraped]], client: httpx.Client) -> None:
-    """Close the tick's HTTP client once its last scrape thread has ended (each ends within
-    its own timeout), without waiting for it here."""
-    lock = threading.Lock()
-    left = [len(futures)]
-
-    def one_done(_: Future[Scraped]) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            client.close()
-
-    if not futures:
-        client.close()
-    for future in futures:
-        future.add_done_callback(one_done)
+def metrics_url(server: InferenceServer) -> str:
+    return server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
 
 
 # Per process: each server's last page as parsed here, by the time it was taken, so a worker
@@ -235,22 +201,33 @@ def windows(scraped: Scraped, prev_raw: bytes | None, pipe: Any) -> dict[tuple[s
     from Redis); this scrape is queued on ``pipe`` as the next one's previous."""
     pk = scraped.server.pk
     kind = kind_of(scraped.server)
-    current = parsing.parse(kind, scraped.text or "")
-    pipe.set(live_window.prev_key(pk), json.dumps({"t": scraped.taken_at, "text": scraped.text}),
-             ex=live_window.WINDOW_S)
+    text = scraped.text or ""
+    current = parsing.parse(kind, text)
+    # Kept as "<time taken>\n<page>": no JSON to encode or decode for a page of 10-50 kB.
+    pipe.set(live_window.prev_key(pk), f"{scraped.taken_at!r}\n{text}", ex=live_window.WINDOW_S)
     cached = _parsed.get(pk)
     _parsed[pk] = (scraped.taken_at, current)
     if prev_raw is None:
         return {}
-    prev = json.loads(prev_raw)
-    seconds = scraped.taken_at - float(prev["t"])
+    then, before_text = previous(prev_raw)
+    seconds = scraped.taken_at - then
     if seconds <= 0:
         return {}
-    if cached is not None and cached[0] == float(prev["t"]):
+    if cached is not None and cached[0] == then:
         before = cached[1]
     else:
-        before = parsing.parse(kind, prev["text"] or "")
+        before = parsing.parse(kind, before_text())
     return {key: rates.window(before.get(key), counters, seconds) for key, counters in current.items()}
+
+
+def previous(raw: bytes) -> tuple[float, Any]:
+    """When a stored scrape was taken, and a function giving its page (decoded only when
+    asked). Reads the JSON ``{"t", "text"}`` of earlier versions too."""
+    if raw.startswith(b"{"):
+        data = json.loads(raw)
+        return float(data["t"]), lambda: data["text"] or ""
+    head, _, body = raw.partition(b"\n")
+    return float(head), lambda: body.decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------------------------

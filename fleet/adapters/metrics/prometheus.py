@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 
 import httpx
 
-from fleet.adapters.base import AdapterError, Deadline, ProbeFailed, request
+from fleet.adapters.base import AdapterError, Deadline, ProbeFailed, http_client, request
 from fleet.adapters.metrics.parsing import TRITON_SUMMARY_QUANTILES, is_finite
 from fleet.adapters.metrics.rates import nearest_quantile
 from fleet.adapters.metrics.values import KINDS, Kind
@@ -63,7 +63,7 @@ class PrometheusSource:
         what = f"Prometheus query {promql!r} at {self.base_url}"
         deadline = Deadline(self.timeout)
         try:
-            with httpx.Client() as client:
+            with http_client() as client:
                 status, body = request(client, "GET", url, deadline)
         except ProbeFailed as exc:
             raise AdapterError(f"{what}: {exc}", permanent=False) from exc

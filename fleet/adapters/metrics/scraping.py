@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from fleet.adapters.base import AdapterError, Deadline, ProbeFailed, request
+from fleet.adapters.base import AdapterError, Deadline, ProbeFailed, http_client, request
 from fleet.adapters.metrics.parsing import PARSERS
 from fleet.adapters.metrics.values import KINDS, Kind, Snapshot
 
@@ -22,7 +22,7 @@ def _get(url: str, timeout: float, what: str, client: httpx.Client | None = None
         if client is not None:
             status, body = request(client, "GET", url, deadline)
         else:
-            with httpx.Client() as own:
+            with http_client() as own:
                 status, body = request(own, "GET", url, deadline)
     except ProbeFailed as exc:
         raise AdapterError(f"{what}: {exc}", permanent=False) from exc

