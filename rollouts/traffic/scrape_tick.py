@@ -34,7 +34,7 @@ import logging
 import queue
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +45,7 @@ from django.db.models import Prefetch
 
 from console import telemetry
 from fleet.adapters.metrics import fetcher, parsing, rates
-from fleet.adapters.metrics.values import Counters, SeriesKey
+from fleet.adapters.metrics.values import Counters, SeriesKey, dump_series, load_series
 from fleet.inventory import loadstats
 from fleet.models import InferenceServer
 from rollouts.models import Deployment, LatencyRollup
@@ -191,6 +191,8 @@ def metrics_url(server: InferenceServer) -> str:
     return server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
 
 
+KEEP_EVERY_S = 10.0
+_kept: dict[str, float] = {}  # per process: when each series was last trimmed and kept alive
 # Per process: each server's last page as parsed here, by the time it was taken, so a worker
 # that scrapes a server again diffs against it without parsing the previous page again.
 _parsed: dict[int, tuple[float, dict[SeriesKey, Counters]]] = {}
@@ -201,33 +203,32 @@ def windows(scraped: Scraped, prev_raw: bytes | None, pipe: Any) -> dict[tuple[s
     from Redis); this scrape is queued on ``pipe`` as the next one's previous."""
     pk = scraped.server.pk
     kind = kind_of(scraped.server)
-    text = scraped.text or ""
-    current = parsing.parse(kind, text)
-    # Kept as "<time taken>\n<page>": no JSON to encode or decode for a page of 10-50 kB.
-    pipe.set(live_window.prev_key(pk), f"{scraped.taken_at!r}\n{text}", ex=live_window.WINDOW_S)
+    current = parsing.parse(kind, scraped.text or "")
+    # Kept as "<time taken>\nC<counters as compact JSON>": a kB where the page is tens of kB.
+    pipe.set(live_window.prev_key(pk), f"{scraped.taken_at!r}\nC{dump_series(current)}",
+             ex=live_window.WINDOW_S)
     cached = _parsed.get(pk)
     _parsed[pk] = (scraped.taken_at, current)
     if prev_raw is None:
         return {}
-    then, before_text = previous(prev_raw)
+    then, before_of = previous(prev_raw, kind)
     seconds = scraped.taken_at - then
     if seconds <= 0:
         return {}
-    if cached is not None and cached[0] == then:
-        before = cached[1]
-    else:
-        before = parsing.parse(kind, before_text())
+    before = cached[1] if cached is not None and cached[0] == then else before_of()
     return {key: rates.window(before.get(key), counters, seconds) for key, counters in current.items()}
 
 
-def previous(raw: bytes) -> tuple[float, Any]:
-    """When a stored scrape was taken, and a function giving its page (decoded only when
-    asked). Reads the JSON ``{"t", "text"}`` of earlier versions too."""
+def previous(raw: bytes, kind: str) -> tuple[float, Callable[[], dict[SeriesKey, Counters]]]:
+    """When a stored scrape was taken, and a function giving its counters (read only when
+    asked). Reads what earlier versions stored too: the page's text, or JSON {"t", "text"}."""
     if raw.startswith(b"{"):
         data = json.loads(raw)
-        return float(data["t"]), lambda: data["text"] or ""
+        return float(data["t"]), lambda: parsing.parse(kind, data["text"] or "")
     head, _, body = raw.partition(b"\n")
-    return float(head), lambda: body.decode("utf-8", errors="replace")
+    if body.startswith(b"C"):
+        return float(head), lambda: load_series(body[1:])
+    return float(head), lambda: parsing.parse(kind, body.decode("utf-8", errors="replace"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,10 +334,14 @@ def _queue_points(pipe: Any, deployment: Deployment, found: dict[int, dict[tuple
                              failures=point["failures"], slow=point["slow"] or 0.0)
         key = live_window.series_key(deployment.pk, label)
         pipe.zadd(key, {json.dumps(point): now})
-        pipe.zremrangebyscore(key, "-inf", now - live_window.WINDOW_S)
-        pipe.expire(key, live_window.WINDOW_S)
         pipe.sadd(live_window.labels_key(deployment.pk), label)
-        pipe.expire(live_window.labels_key(deployment.pk), live_window.WINDOW_S)
+        if now - _kept.get(key, 0.0) >= KEEP_EVERY_S:
+            # The window's trim and the keys' lifetimes, every few seconds rather than at
+            # every point: the window holds at most KEEP_EVERY_S more than 15 minutes.
+            _kept[key] = now
+            pipe.zremrangebyscore(key, "-inf", now - live_window.WINDOW_S)
+            pipe.expire(key, live_window.WINDOW_S)
+            pipe.expire(live_window.labels_key(deployment.pk), live_window.WINDOW_S)
     return list(grouped)
 
 

@@ -4,8 +4,9 @@ two, and the seam for per-request samples from the data plane."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Kind = Literal["triton", "vllm"]
 KINDS: tuple[str, ...] = ("triton", "vllm")
@@ -92,6 +93,30 @@ CUMULATIVE_FIELDS: tuple[str, ...] = (
     "generation_tokens",
     "timed",
 )
+
+
+def dump_series(series: dict[SeriesKey, Counters]) -> str:
+    """``series`` as compact JSON (:func:`load_series` reads it back): what a scraper keeps of a
+    page to diff the next one against, a few hundred bytes where the page is tens of kB."""
+    return json.dumps([
+        [model, version, c.engine, [getattr(c, f) for f in CUMULATIVE_FIELDS], c.failure_reasons,
+         {k: [h.buckets, h.sum, h.count] for k, h in c.histograms.items()},
+         list(c.quantiles_us.items()), c.gauges]
+        for (model, version), c in series.items()
+    ], separators=(",", ":"))
+
+
+def load_series(text: str | bytes) -> dict[SeriesKey, Counters]:
+    """What :func:`dump_series` wrote."""
+    out: dict[SeriesKey, Counters] = {}
+    for model, version, engine, scalars, reasons, hists, quantiles, gauges in json.loads(text):
+        values: dict[str, Any] = dict(zip(CUMULATIVE_FIELDS, scalars, strict=True))
+        out[(model, version)] = Counters(
+            engine=engine, failure_reasons=reasons, gauges=gauges,
+            histograms={k: Histogram(tuple((le, n) for le, n in b), total, count)
+                        for k, (b, total, count) in hists.items()},
+            quantiles_us={q: v for q, v in quantiles}, **values)
+    return out
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,14 @@ from fleet.adapters.metrics.parsing import TRITON_SUMMARY_QUANTILES, parse_trito
 from fleet.adapters.metrics.prometheus import PrometheusSource
 from fleet.adapters.metrics.rates import histogram_quantile, nearest_quantile, window, windows
 from fleet.adapters.metrics.scraping import scrape
-from fleet.adapters.metrics.values import Counters, Histogram, RequestLogSource, Snapshot
+from fleet.adapters.metrics.values import (
+    Counters,
+    Histogram,
+    RequestLogSource,
+    Snapshot,
+    dump_series,
+    load_series,
+)
 from local.fleetsim_metrics import Series, Traffic, triton_page, vllm_page
 from local.triton import TritonProcess
 from local.vllm import VLLMProcess
@@ -664,3 +671,16 @@ def test_histogram_quantile_matches_prometheus(local_prometheus: PrometheusProce
             assert ours == pytest.approx(promql), (name, q)
     # Constant counters: no requests in the window, rate() is 0 and the quantile NaN.
     assert source.latency("smollm2", "", 0.5) is None
+
+
+@pytest.mark.parametrize(("kind", "page"), [
+    ("triton", "triton_metrics.txt"), ("triton", "triton_metrics_after_reload.txt"),
+    ("vllm", "vllm_metrics.txt"),
+])
+def test_a_scrape_kept_for_the_next_tick_reads_back_as_parsed(kind, page):
+    """What the scrape tick keeps of a page (compact JSON of its counters) reads back equal to
+    the page parsed, and is a small part of it."""
+    series = parsing.parse(kind, fixture_text(page))
+    kept = dump_series(series)
+    assert load_series(kept) == series
+    assert len(kept) * 10 < len(fixture_text(page))
