@@ -11,7 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import F, Prefetch, Q
+from django.db.models import Count, F, Prefetch, Q, Sum, prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -26,18 +26,39 @@ from fleet.models import GPU, Cluster, ClusterSync, InferenceServer, Node, Place
 from fleet.tenancy.scoping import is_platform_admin, require_platform_admin
 from fleet.tenancy.visibility import reported_models, reported_models_of
 
+# The overview draws a cluster's nodes, GPUs and servers while the cluster is small; past
+# this many nodes it sums them up (a fleet's 10,000 GPUs are not one page's rows) and the
+# cluster's own page has the tree.
+TREE_NODES = 16
+
 
 def _clusters(user: object) -> list[Cluster]:
-    servers = InferenceServer.objects.order_by("name")
+    """The visible clusters with their counts: ``node_count``, ``server_count`` and
+    ``gpu_classes`` (device class, GPUs, memory, MIG slices); the node tree of small ones."""
+    clusters = list(Cluster.objects.visible_to(user).annotate(node_count=Count("nodes")))
+    ids = [c.pk for c in clusters]
+    servers = dict(InferenceServer.objects.filter(cluster_id__in=ids).values("cluster_id")
+                   .annotate(n=Count("pk")).values_list("cluster_id", "n"))
+    classes: dict[int, list[dict[str, Any]]] = {}
+    for row in (GPU.objects.filter(node__cluster_id__in=ids)
+                .values("node__cluster_id", "device_class")
+                .annotate(gpus=Count("pk", filter=Q(parent__isnull=True)),
+                          slices=Count("pk", filter=Q(parent__isnull=False)),
+                          memory_mib=Sum("memory_mib", filter=Q(parent__isnull=True)))
+                .order_by("node__cluster_id", "device_class")):
+        classes.setdefault(row.pop("node__cluster_id"), []).append(row)
+    for cluster in clusters:
+        cluster.server_count = servers.get(cluster.pk, 0)
+        cluster.gpu_classes = classes.get(cluster.pk, [])
+        cluster.drawn = cluster.node_count <= TREE_NODES
+    by_name = InferenceServer.objects.order_by("name")
     nodes = Node.objects.prefetch_related(
         Prefetch("gpus", queryset=GPU.objects.filter(parent__isnull=True).prefetch_related("mig_slices")),
-        Prefetch("servers", queryset=servers),
+        Prefetch("servers", queryset=by_name),
     )
-    return list(
-        Cluster.objects.visible_to(user).prefetch_related(
-            Prefetch("nodes", queryset=nodes), Prefetch("servers", queryset=servers)
-        )
-    )
+    prefetch_related_objects([c for c in clusters if c.drawn], Prefetch("nodes", queryset=nodes),
+                             Prefetch("servers", queryset=by_name))
+    return clusters
 
 
 @login_required

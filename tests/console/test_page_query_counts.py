@@ -13,6 +13,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from fleet.models import GPU, Cluster, Node
 from tests.api.test_query_counts import _grow
 
 PAGES = {
@@ -40,6 +41,22 @@ def _counts(user) -> dict[str, int]:
     return counts
 
 
+def _nodes(count: int, name: str = "gpu-farm") -> None:
+    """``count`` more nodes of 8 GPUs each (one with MIG slices) in cluster ``name``: past
+    ``TREE_NODES`` the fleet page sums the cluster up instead of drawing it."""
+    cluster, _ = Cluster.objects.get_or_create(name=name, defaults={"kind": "static"})
+    start = cluster.nodes.count()
+    nodes = Node.objects.bulk_create(Node(cluster=cluster, name=f"n-{start + i}")
+                                     for i in range(count))
+    gpus = GPU.objects.bulk_create(
+        GPU(node=node, index=g, uuid=f"GPU-{name}-{node.pk}-{g}", model="A100",
+            device_class="nvidia-a100-80gb", memory_mib=81920)
+        for node in nodes for g in range(8))
+    GPU.objects.create(node=nodes[0], index=0, uuid=f"MIG-{name}-{nodes[0].pk}", model="A100",
+                       device_class="nvidia-a100-80gb", memory_mib=40960, parent=gpus[0],
+                       mig_profile="3g.40gb")
+
+
 @pytest.fixture
 def others(tenant_b, charlie):
     """Another tenant's rows next to the viewer's."""
@@ -51,8 +68,11 @@ def test_a_page_runs_as_many_queries_with_five_times_the_rows(request, persona, 
                                                               tenant_a, alice):
     user = request.getfixturevalue(persona)
     _grow(tenant_a, alice, 1)
+    _nodes(2, "small-farm")  # drawn on the fleet page, as gpu-farm is until it grows
+    _nodes(2)
     few = _counts(user)
     _grow(tenant_a, alice, 5)
+    _nodes(30)
 
     many = _counts(user)
 
@@ -64,7 +84,9 @@ EXPECTED = {
     # session, user, memberships; servers; counts of models, versions, pending, deployments;
     # quotas and their usage; the SLO summary (5); tenants; pending versions; recent events
     "dashboard": 19,
-    "fleet": 6,  # session, user, memberships; clusters, nodes, servers
+    # session, user, memberships; clusters with their nodes counted, servers and GPUs
+    # counted; the tree of the small ones: nodes, GPUs, MIG slices, nodes' and clusters' servers
+    "fleet": 11,
     "fleet servers (live)": 8,
     # session, user, memberships; deployments in use and archived (counts: a few hundred
     # rows at most), the page, its servers
@@ -82,5 +104,20 @@ EXPECTED = {
 
 def test_each_page_runs_the_pinned_number_of_queries(others, tenant_a, alice, bob):
     _grow(tenant_a, alice, 3)
+    _nodes(3)
 
     assert _counts(bob) == EXPECTED
+
+
+def test_the_fleet_page_sums_up_a_big_cluster_and_draws_a_small_one(bob):
+    _nodes(2, "small-farm")
+    _nodes(20)
+    client = Client()
+    client.force_login(bob)
+
+    body = client.get("/fleet/").content.decode()
+
+    assert "20 nodes · 0 servers · 160 × <code>nvidia-a100-80gb</code>" in body
+    assert "1 MIG slice" in body and "Too many nodes to draw here" in body
+    assert "Node n-0" in body  # small-farm's tree
+    assert body.count("GPU-gpu-farm-") == 0 and body.count("GPU-small-farm-") == 16
