@@ -117,7 +117,7 @@ def test_the_fleet_page_sums_up_a_big_cluster_and_draws_a_small_one(bob):
 
     body = client.get("/fleet/").content.decode()
 
-    assert "20 nodes · 0 servers · 160 × <code>nvidia-a100-80gb</code>" in body
+    assert "20 nodes · 0 servers · 160 \N{MULTIPLICATION SIGN} <code>nvidia-a100-80gb</code>" in body
     assert "1 MIG slice" in body and "Too many nodes to draw here" in body
     assert "Node n-0" in body  # small-farm's tree
     assert body.count("GPU-gpu-farm-") == 0 and body.count("GPU-small-farm-") == 16

@@ -22,8 +22,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -41,11 +41,11 @@ from fleet.adapters.routers.base import (
 )
 from fleet.adapters.routers.nginx import NginxRouter, syslog_target
 from fleet.adapters.routers.nginx_conf import PROXY_READ_TIMEOUT
-from rollouts.canary.arms import Arm
-from rollouts.traffic.samples import parse_line
 from local.nginx import NginxProcess, start_nginx, stop_pid
 from local.processes import free_ports
 from local.triton import TritonProcess
+from rollouts.canary.arms import Arm
+from rollouts.traffic.samples import parse_line
 from tests.fixtures.http_server import QuietHTTPServer
 
 pytestmark = pytest.mark.triton
