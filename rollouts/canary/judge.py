@@ -11,6 +11,9 @@ What it judges, as users feel it (each a *metric*, with its own tolerance):
 * ``tail``: the geometric mean of the requests slower than the baseline's p95, canary over
   baseline (a version slow for one request in fifty shows here, not in the median); every
   request in the tail counts, so it sees a tail regression far sooner than a p99 would;
+* ``tail99``: the share of the canary's requests slower than the baseline's p99, over the
+  baseline's own share (about 1 in 100): a version whose slowest hundredth grew slower moves
+  requests past that line long before a p99 can be told apart (:func:`share_ratio`);
 * ``errors``: the canary's error rate against what is allowed, the baseline's rate times
   ``1 + error_ratio_pct/100`` plus ``error_tolerance_pct`` points. Errors are 5xx answers,
   answers no server gave, and timeouts (408, 499, 504); 4xx answers are the client's and are
@@ -65,11 +68,13 @@ TAU_FACTOR = 2.0
 RESOLVABLE_SHARE = 0.1
 # The fewest answered requests a side before latency is judged at all.
 MIN_LATENCY_SAMPLES = sequential.MIN_FOR_QUANTILE
-# The tail metric compares the requests slower than the baseline's p95.
+# The tail metric compares the requests slower than the baseline's p95; the share metric
+# counts the requests slower than its p99.
 TAIL_FROM = 0.95
+SHARE_FROM = 0.99
 # Metrics that fail a canary shown beyond their tolerance but need not be shown within it
 # for a pass.
-GUARDS = frozenset({"tail", "recent", "ttft", "generation"})
+GUARDS = frozenset({"tail", "tail99", "recent", "ttft", "generation"})
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,10 @@ class JudgeConfig:
 
     def alpha_per_test(self, with_baseline: bool = True) -> float:
         """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests
-        (with a baseline: the median, the tail, the errors and the recent window, and on a
-        ``streamed`` (LLM) route the time to first token and the generation time)."""
-        tests = ((6 if self.streamed else 4) if with_baseline else 0) + len(self.gates())
+        (with a baseline: the median, the tail, the share past the baseline's p99, the errors
+        and the recent window, and on a ``streamed`` (LLM) route the time to first token and
+        the generation time)."""
+        tests = ((7 if self.streamed else 5) if with_baseline else 0) + len(self.gates())
         return self.alpha / self.fresh_starts / max(tests, 1)
 
 
@@ -348,6 +354,32 @@ def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance
                     f"the requests above the baseline's p95 of {threshold:.3g} ms")
 
 
+def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance_pct: float,
+                alpha: float) -> Metric:
+    """How much more often the canary is slower than the baseline's p99: the share of its
+    requests past that line over the baseline's own (on the log scale, each share with half a
+    request added, so that none past it is not taken for certainty). A version whose slowest
+    hundredth grew 50% slower while its p95 stayed put doubles the share past the line, which
+    shows in a few thousand canary requests, where a p99 ratio is still bounded only to about
+    +-20% at ten thousand a side."""
+    tolerance = math.log1p(tolerance_pct / 100)
+    need = math.ceil(2 * sequential.MIN_FOR_QUANTILE / (1 - SHARE_FROM))
+    if len(baseline) < need:
+        return _waiting("tail99", "log-ratio", tolerance,
+                        f"needs {need} answered baseline requests (has {len(baseline)})")
+    threshold = baseline.quantile(SHARE_FROM)
+    k_c, k_b = (sequential.log_moments(s, threshold)[0] for s in (canary, baseline))
+    if len(canary) < need / 2:
+        return _waiting("tail99", "log-ratio", tolerance,
+                        f"needs {math.ceil(need / 2)} answered canary requests (has {len(canary)})")
+    p_c = (k_c + 0.5) / (len(canary) + 1)
+    p_b = (k_b + 0.5) / (len(baseline) + 1)
+    variance = (1 - p_c) / (k_c + 0.5) + (1 - p_b) / (k_b + 0.5)
+    return _bounded("tail99", "log-ratio", math.log(p_c / p_b), variance, tolerance,
+                    TAU_FACTOR * max(tolerance, 0.01), alpha, 100 * p_c, 100 * p_b,
+                    f"requests slower than the baseline's p99 of {threshold:.3g} ms")
+
+
 def streamed_ratio(name: str, canary_ms: np.ndarray, baseline_ms: np.ndarray,
                    tolerance_pct: float, alpha: float) -> Metric:
     """An LLM route's streamed answers, median over median (a guard): ``ttft``, the time to
@@ -451,6 +483,7 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
         metrics = [
             central,
             tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
+            share_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
             error_excess(canary, baseline, config, alpha),
         ]
         if config.streamed:
@@ -510,7 +543,13 @@ def describe(m: Metric, config: JudgeConfig) -> str:
     """One metric's state in words, with its numbers."""
     if m.state == "waiting":
         return f"{m.name}: {m.note}"
-    if m.unit == "log-ratio":
+    if m.name == "tail99":
+        pct = _pct(m.estimate)
+        text = (f"requests slower than the baseline's p99: {m.canary:.2f}% of the canary's "
+                f"against {m.baseline:.2f}% of the baseline's, {abs(pct):.0f}% "
+                f"{'more' if pct >= 0 else 'fewer'}, bounds {_pct(m.low):+.0f}% to "
+                f"{_pct(m.high):+.0f}%, tolerance {_pct(m.tolerance):g}%")
+    elif m.unit == "log-ratio":
         what = {"median": "median latency", "recent": "median latency in the current window",
                 "ttft": "median time to first token (streamed answers)",
                 "generation": "median generation time after the first token",
