@@ -167,7 +167,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     load_start = loadavg()
     redis_url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
     check_redis(redis_url)
-    database_url = create_database(None, stack)
+    database_url = args.database or create_database(None, stack)
     say(f"database {database_url.rsplit('/', 1)[1]}: migrating…")
     compose_environment(tmp, database_url, redis_url)
     setup_django()
@@ -185,11 +185,15 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     stack.callback(connections.close_all)
     say(f"seeding {args.gpus:,} GPUs, {args.servers:,} servers, {args.deployments:,} "
         f"deployments, {args.loads:,} loads, {args.audit_events:,} audit events…")
-    seed_s = seed(args)
-    connections.close_all()
-    vacuumed = time.monotonic()
-    vacuum_analyze(database_url)
-    say(f"  seeded in {seed_s:.0f} s, VACUUM ANALYZE {time.monotonic() - vacuumed:.0f} s")
+    if args.database:
+        say("  (already seeded: --database)")
+        seed_s = None
+    else:
+        seed_s = seed(args)
+        connections.close_all()
+        vacuumed = time.monotonic()
+        vacuum_analyze(database_url)
+        say(f"  seeded in {seed_s:.0f} s, VACUUM ANALYZE {time.monotonic() - vacuumed:.0f} s")
 
     say(f"console pages, {args.requests} requests each…")
     pages = measure_pages(args.requests)
@@ -207,7 +211,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "clients": args.clients,
         "seeded": {"gpus": args.gpus, "servers": args.servers, "deployments": args.deployments,
                    "loads": args.loads, "audit_events": args.audit_events, "tenants": 20},
-        "seed_s": round(seed_s, 1),
+        "seed_s": round(seed_s, 1) if seed_s is not None else None,
         "requests": args.requests,
         "goals": {"page_p95_ms": PAGE_GOAL_MS, "api_p99_ms": API_GOAL_MS},
         "database": database_url.rsplit("/", 1)[1],
@@ -223,7 +227,8 @@ def print_table(r: dict[str, Any]) -> None:
     out = [
         f"Switchyard pages at fleet size: {s['gpus']:,} GPUs, {s['servers']:,} servers, "
         f"{s['deployments']:,} deployments, {s['loads']:,} loads, {s['audit_events']:,} audit "
-        f"events in {s['tenants']} tenants (seeded in {r['seed_s']:.0f} s)",
+        f"events in {s['tenants']} tenants "
+        + (f"(seeded in {r['seed_s']:.0f} s)" if r["seed_s"] is not None else "(seeded before)"),
         f"machine: {r['cpus']} CPUs; load average {r['loadavg_start']} at the start, "
         f"{r['loadavg_end']} at the end",
         "",
@@ -264,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured seconds of API load (default 10)")
     parser.add_argument("--warmup", type=float, default=2.0,
                         help="seconds of API load before the window (default 2)")
+    parser.add_argument("--database", default=None,
+                        help="a PostgreSQL URL seed_fleet has seeded at these sizes: measure it "
+                             "as it is (migrated, not seeded again, not dropped)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args(argv)
     if min(args.gpus, args.servers, args.deployments, args.requests, args.clients) < 1 \

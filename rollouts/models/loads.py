@@ -103,6 +103,9 @@ class ModelLoad(IdempotentJob):
             models.Index(fields=["tenant", "-created_at", "-id"], name="load_tenant_newest"),
             # Every tenant's loads, newest first (a platform admin's list), read the same way.
             models.Index(fields=["-created_at", "-id"], name="load_newest"),
+            # The servers a tenant's loads ran on (the loads page's server choices), from
+            # the index alone.
+            models.Index(fields=["tenant", "server"], name="load_tenant_server"),
         ]
 
     def __str__(self) -> str:
