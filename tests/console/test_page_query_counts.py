@@ -87,7 +87,7 @@ EXPECTED = {
     # session, user, memberships; clusters with their nodes counted, servers and GPUs
     # counted; the tree of the small ones: nodes, GPUs, MIG slices, nodes' and clusters' servers
     "fleet": 11,
-    "fleet servers (live)": 8,
+    "fleet servers (live)": 9,  # with the servers counted and at most LIVE_ROWS of them read
     # session, user, memberships; deployments in use and archived (counts: a few hundred
     # rows at most), the page, its servers
     "deployments": 7,
@@ -121,3 +121,23 @@ def test_the_fleet_page_sums_up_a_big_cluster_and_draws_a_small_one(bob):
     assert "1 MIG slice" in body and "Too many nodes to draw here" in body
     assert "Node n-0" in body  # small-farm's tree
     assert body.count("GPU-gpu-farm-") == 0 and body.count("GPU-small-farm-") == 16
+
+
+def test_the_live_server_table_shows_the_unhealthy_first_past_its_rows(bob, monkeypatch):
+    from fleet.inventory import views
+    from fleet.models import InferenceServer
+    from tests.factories import ClusterFactory, InferenceServerFactory
+
+    monkeypatch.setattr(views, "LIVE_ROWS", 3)
+    cluster = ClusterFactory(name="live")
+    for i in range(5):
+        InferenceServerFactory(cluster=cluster, name=f"s-{i}",
+                               health=InferenceServer.Health.UNREACHABLE if i == 4
+                               else InferenceServer.Health.HEALTHY)
+    client = Client()
+    client.force_login(bob)
+
+    body = client.get("/fleet/servers/live/").content.decode()
+
+    assert 'data-server="s-4"' in body and body.count("data-server=") == 3
+    assert "2 more healthy servers not shown" in body
