@@ -10,7 +10,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -176,6 +176,43 @@ def run_with_deadline(fn: Callable[[], T], timeout: float, on_timeout: Callable[
     return on_timeout()
 
 
+@dataclass(frozen=True)
+class Call:
+    """One request of a probe: what :func:`run_steps` (or an event loop) sends for it."""
+
+    method: str
+    url: str
+    json_body: object | None = None
+
+
+#: A probe as the requests it makes: it yields each Call, is sent back (status, body), has a
+#: transport failure thrown into it as ProbeFailed, and returns the ServerProbe. The same steps
+#: run on a blocking client (:func:`run_steps`) or on an event loop
+#: (``fleet.adapters.metrics.fetcher``), so both probe a server alike.
+ProbeSteps = Generator[Call, tuple[int, bytes], ServerProbe]
+
+
+def run_steps(steps: ProbeSteps, client: httpx.Client, deadline: Deadline) -> ServerProbe:
+    """Run a probe's steps with ``client``, each request within ``deadline``."""
+    try:
+        call = next(steps)
+        while True:
+            try:
+                answer = request(client, call.method, call.url, deadline, json_body=call.json_body)
+            except ProbeFailed as exc:
+                call = steps.throw(exc)
+                continue
+            call = steps.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+def timed_out(base: str, timeout: float, start: float) -> ServerProbe:
+    """What a probe that ran out of time says."""
+    return ServerProbe(ready=False, live=False, error=f"timed out after {timeout:.1f} s at {base}",
+                       latency_ms=elapsed_ms(start))
+
+
 def probe_within(
     http_url: str, timeout: float, steps: Callable[[str, float], ServerProbe]
 ) -> ServerProbe:
@@ -187,15 +224,8 @@ def probe_within(
     base = http_url.rstrip("/")
     start = time.monotonic()
 
-    def on_timeout() -> ServerProbe:
-        return ServerProbe(
-            ready=False,
-            live=False,
-            error=f"timed out after {timeout:.1f} s at {base}",
-            latency_ms=elapsed_ms(start),
-        )
-
-    return run_with_deadline(lambda: steps(base, start), timeout, on_timeout)
+    return run_with_deadline(lambda: steps(base, start), timeout,
+                             lambda: timed_out(base, timeout, start))
 
 
 def elapsed_ms(start: float) -> float:

@@ -11,15 +11,18 @@ import json
 from collections.abc import Mapping
 
 from fleet.adapters.base import (
+    Call,
     Deadline,
     ModelState,
     ProbeFailed,
+    ProbeSteps,
     ServerProbe,
     elapsed_ms,
     http_client,
     parse_json,
     probe_within,
     request,
+    run_steps,
 )
 
 ENGINE = "triton"
@@ -49,48 +52,45 @@ def parse_index(payload: object) -> list[ModelState]:
     return models
 
 
-def _probe(
-    base: str, timeout: float, headers: Mapping[str, str] | None, start: float
-) -> ServerProbe:
-    deadline = Deadline(timeout, margin=min(0.1, timeout * 0.1))
+def probe_steps(base: str, start: float) -> ProbeSteps:
+    """The probe as the requests it makes (``fleet.adapters.base.ProbeSteps``)."""
     live = ready = False
     version = ""
     models: list[ModelState] = []
     problems: list[str] = []
-    with http_client(headers=dict(headers or {})) as client:
-        try:
-            status, _ = request(client, "GET", f"{base}/v2/health/live", deadline)
-            live = status == 200
-            if not live:
-                problems.append(f"not live (GET /v2/health/live returned {status})")
-            status, _ = request(client, "GET", f"{base}/v2/health/ready", deadline)
-            ready = status == 200
-            if not ready:
-                problems.append(f"not ready (GET /v2/health/ready returned {status})")
+    try:
+        status, _ = yield Call("GET", f"{base}/v2/health/live")
+        live = status == 200
+        if not live:
+            problems.append(f"not live (GET /v2/health/live returned {status})")
+        status, _ = yield Call("GET", f"{base}/v2/health/ready")
+        ready = status == 200
+        if not ready:
+            problems.append(f"not ready (GET /v2/health/ready returned {status})")
 
-            url = f"{base}/v2"
-            status, body = request(client, "GET", url, deadline)
-            if status == 200:
-                meta = parse_json(body, url)
-                version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
-            else:
-                problems.append(f"GET /v2 returned {status}")
+        url = f"{base}/v2"
+        status, body = yield Call("GET", url)
+        if status == 200:
+            meta = parse_json(body, url)
+            version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
+        else:
+            problems.append(f"GET /v2 returned {status}")
 
-            url = f"{base}/v2/repository/index"
-            status, body = request(client, "POST", url, deadline, json_body={})
-            if status == 200:
-                models = parse_index(parse_json(body, url))
-            else:
-                problems.append(f"POST /v2/repository/index returned {status}")
-        except ProbeFailed as exc:
-            return ServerProbe(
-                ready=False,
-                live=live,
-                version=version,
-                models=models,
-                error=str(exc),
-                latency_ms=elapsed_ms(start),
-            )
+        url = f"{base}/v2/repository/index"
+        status, body = yield Call("POST", url, json_body={})
+        if status == 200:
+            models = parse_index(parse_json(body, url))
+        else:
+            problems.append(f"POST /v2/repository/index returned {status}")
+    except ProbeFailed as exc:
+        return ServerProbe(
+            ready=False,
+            live=live,
+            version=version,
+            models=models,
+            error=str(exc),
+            latency_ms=elapsed_ms(start),
+        )
     return ServerProbe(
         ready=ready,
         live=live,
@@ -99,6 +99,14 @@ def _probe(
         error="; ".join(problems),
         latency_ms=elapsed_ms(start),
     )
+
+
+def _probe(
+    base: str, timeout: float, headers: Mapping[str, str] | None, start: float
+) -> ServerProbe:
+    deadline = Deadline(timeout, margin=min(0.1, timeout * 0.1))
+    with http_client(headers=dict(headers or {})) as client:
+        return run_steps(probe_steps(base, start), client, deadline)
 
 
 def probe(

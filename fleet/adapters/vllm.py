@@ -24,17 +24,19 @@ import httpx
 from fleet.adapters.base import (
     READY,
     AdapterError,
+    Call,
     Deadline,
     LoadedVersion,
     ModelState,
     ProbeFailed,
+    ProbeSteps,
     ServerProbe,
     describe_http_error,
     elapsed_ms,
     http_client,
     parse_json,
     probe_within,
-    request,
+    run_steps,
 )
 
 ENGINE = "vllm"
@@ -67,46 +69,43 @@ def parse_models(payload: object) -> list[ModelState]:
     return models
 
 
-def _probe(
-    base: str, timeout: float, headers: Mapping[str, str] | None, start: float
-) -> ServerProbe:
-    deadline = Deadline(timeout, margin=min(0.1, timeout * 0.1))
+def probe_steps(base: str, start: float) -> ProbeSteps:
+    """The probe as the requests it makes (``fleet.adapters.base.ProbeSteps``)."""
     live = ready = False
     version = ""
     models: list[ModelState] = []
     problems: list[str] = []
-    with http_client(headers=dict(headers or {})) as client:
-        try:
-            # Any HTTP answer means the API process is up; 200 means the engine is healthy.
-            status, _ = request(client, "GET", f"{base}/health", deadline)
-            live = True
-            ready = status == 200
-            if not ready:
-                problems.append(f"not ready (GET /health returned {status})")
+    try:
+        # Any HTTP answer means the API process is up; 200 means the engine is healthy.
+        status, _ = yield Call("GET", f"{base}/health")
+        live = True
+        ready = status == 200
+        if not ready:
+            problems.append(f"not ready (GET /health returned {status})")
 
-            url = f"{base}/version"
-            status, body = request(client, "GET", url, deadline)
-            if status == 200:
-                meta = parse_json(body, url)
-                version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
-            else:
-                problems.append(f"GET /version returned {status}")
+        url = f"{base}/version"
+        status, body = yield Call("GET", url)
+        if status == 200:
+            meta = parse_json(body, url)
+            version = str(meta.get("version", "")) if isinstance(meta, dict) else ""
+        else:
+            problems.append(f"GET /version returned {status}")
 
-            url = f"{base}/v1/models"
-            status, body = request(client, "GET", url, deadline)
-            if status == 200:
-                models = parse_models(parse_json(body, url))
-            else:
-                problems.append(f"GET /v1/models returned {status}")
-        except ProbeFailed as exc:
-            return ServerProbe(
-                ready=False,
-                live=live,
-                version=version,
-                models=models,
-                error=str(exc),
-                latency_ms=elapsed_ms(start),
-            )
+        url = f"{base}/v1/models"
+        status, body = yield Call("GET", url)
+        if status == 200:
+            models = parse_models(parse_json(body, url))
+        else:
+            problems.append(f"GET /v1/models returned {status}")
+    except ProbeFailed as exc:
+        return ServerProbe(
+            ready=False,
+            live=live,
+            version=version,
+            models=models,
+            error=str(exc),
+            latency_ms=elapsed_ms(start),
+        )
     return ServerProbe(
         ready=ready,
         live=live,
@@ -115,6 +114,14 @@ def _probe(
         error="; ".join(problems),
         latency_ms=elapsed_ms(start),
     )
+
+
+def _probe(
+    base: str, timeout: float, headers: Mapping[str, str] | None, start: float
+) -> ServerProbe:
+    deadline = Deadline(timeout, margin=min(0.1, timeout * 0.1))
+    with http_client(headers=dict(headers or {})) as client:
+        return run_steps(probe_steps(base, start), client, deadline)
 
 
 def probe(

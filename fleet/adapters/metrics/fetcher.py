@@ -1,11 +1,13 @@
-"""Many servers' ``/metrics`` pages at once, for the scrape tick.
+"""Many servers' ``/metrics`` pages (and health probes) at once, for the scrape tick and the
+health round.
 
 A tick reads every server of its shard each second, so what one read costs the worker's CPU
 is what the fleet's size is bounded by. :class:`MetricsFetcher` runs the reads on an event
 loop of its own (a daemon thread, one per process) with one aiohttp session whose keep-alive
 connections outlive the tick: about 0.2 ms of CPU a page, against about 0.9 ms for a thread
 pool of blocking clients (measured on a simulated fleet of 300 Triton servers). Each read has
-a hard timeout, so a hung server costs one timeout and holds up nothing else.
+a hard timeout, so a hung server costs one timeout and holds up nothing else. Health probes
+run the engines' own probe steps (``fleet.adapters.base.ProbeSteps``) on the same loop.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from fleet.adapters.base import ProbeFailed, ProbeSteps, ServerProbe, elapsed_ms, timed_out
 
 MAX_IN_FLIGHT = 64
 MAX_BODY = 16 * 2**20  # a metrics page larger than this is not one
@@ -57,9 +61,7 @@ class MetricsFetcher:
 
     async def _all(self, targets: list[tuple[Any, str]], timeout: float,
                    results: queue.Queue[Fetched]) -> None:
-        if self.session is None:
-            connector = aiohttp.TCPConnector(limit=self.in_flight, ttl_dns_cache=300)
-            self.session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+        self._ensure_session()
         await asyncio.gather(*(self._one(target, url, timeout, results) for target, url in targets))
 
     async def _one(self, target: Any, url: str, timeout: float,
@@ -86,6 +88,59 @@ class MetricsFetcher:
                                 else f"cannot connect to {url}: {exc.os_error or exc}"))
         except (aiohttp.ClientError, ValueError, OSError) as exc:
             results.put(Fetched(target, taken, None, f"{type(exc).__name__} at {url}: {exc}"))
+
+    def probe(self, targets: Iterable[tuple[Any, str, Callable[[str, float], ProbeSteps]]],
+              timeout: float) -> queue.Queue[tuple[Any, ServerProbe]]:
+        """Start probing each (target, base URL, the engine's probe steps) on the loop; every
+        (target, ServerProbe) is put on the queue returned as it ends, each within
+        ``timeout`` seconds of the start (past it: timed out, as a blocking probe says)."""
+        results: queue.Queue[tuple[Any, ServerProbe]] = queue.Queue()
+
+        async def all_of(items: list[tuple[Any, str, Callable[[str, float], ProbeSteps]]]) -> None:
+            self._ensure_session()
+            await asyncio.gather(*(self._probe_one(t, base, steps, timeout, results)
+                                   for t, base, steps in items))
+
+        asyncio.run_coroutine_threadsafe(all_of(list(targets)), self.loop)
+        return results
+
+    async def _probe_one(self, target: Any, base: str, steps_of: Callable[[str, float], ProbeSteps],
+                         timeout: float, results: queue.Queue[tuple[Any, ServerProbe]]) -> None:
+        assert self.session is not None
+        base = base.rstrip("/")
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                steps = steps_of(base, start)
+                call = next(steps)
+                while True:
+                    try:
+                        async with self.session.request(
+                                call.method, call.url, json=call.json_body,
+                                allow_redirects=False) as response:
+                            answer = (response.status, await response.content.read(MAX_BODY))
+                    except aiohttp.ClientConnectorError as exc:
+                        refused = isinstance(exc.os_error, ConnectionRefusedError)
+                        call = steps.throw(ProbeFailed(
+                            f"connection refused at {call.url}" if refused
+                            else f"cannot connect to {call.url}: {exc.os_error or exc}"))
+                        continue
+                    except (aiohttp.ClientError, OSError) as exc:
+                        call = steps.throw(ProbeFailed(f"{type(exc).__name__} at {call.url}: {exc}"))
+                        continue
+                    call = steps.send(answer)
+        except StopIteration as done:
+            results.put((target, done.value))
+        except TimeoutError:
+            results.put((target, timed_out(base, timeout, start)))
+        except Exception as exc:  # an adapter's bug: the server is recorded as not answering
+            results.put((target, ServerProbe(False, False, "", [], f"probe failed: {exc}",
+                                             elapsed_ms(start))))
+
+    def _ensure_session(self) -> None:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=self.in_flight, ttl_dns_cache=300)
+            self.session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
 
     def close(self) -> None:
         """Close the session and stop the loop (at the process's exit)."""

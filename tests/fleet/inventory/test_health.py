@@ -325,17 +325,22 @@ def test_a_server_deleted_while_probing_is_skipped(
         cluster=cluster, name="victim", http_url=f"{closed_port_url()}/victim"
     )
     other = InferenceServerFactory(cluster=cluster, name="other", http_url=closed_port_url())
-    real_probe = health.PROBES[InferenceServer.Runtime.TRITON]
+    real_steps = health.PROBE_STEPS[InferenceServer.Runtime.TRITON]
 
-    def probe_and_delete(url: str, timeout: float) -> ServerProbe:
-        if url == victim.http_url:
-            try:  # another process deleted the row meanwhile (this thread has its own connection)
-                InferenceServer.objects.filter(pk=victim.pk).delete()
-            finally:
-                connection.close()
-        return real_probe(url, timeout)
+    def delete_victim() -> None:
+        try:  # another process deletes the row meanwhile (a thread with its own connection)
+            InferenceServer.objects.filter(pk=victim.pk).delete()
+        finally:
+            connection.close()
 
-    monkeypatch.setitem(health.PROBES, InferenceServer.Runtime.TRITON, probe_and_delete)
+    def probe_and_delete(base: str, start: float):
+        if base == victim.http_url:  # the probe has started, on the round's event loop
+            deleter = threading.Thread(target=delete_victim)
+            deleter.start()
+            deleter.join()
+        return real_steps(base, start)
+
+    monkeypatch.setitem(health.PROBE_STEPS, InferenceServer.Runtime.TRITON, probe_and_delete)
 
     counts = health.check_all(timeout=0.5)
 
@@ -377,14 +382,14 @@ def test_an_adapter_bug_is_recorded_and_does_not_stop_the_others(
         cluster=cluster, name="broken", http_url=f"{closed_port_url()}/broken"
     )
     fine = InferenceServerFactory(cluster=cluster, name="fine", http_url=closed_port_url())
-    real_probe = health.PROBES[InferenceServer.Runtime.TRITON]
+    real_steps = health.PROBE_STEPS[InferenceServer.Runtime.TRITON]
 
-    def buggy(url: str, timeout: float) -> ServerProbe:
-        if url == broken.http_url:
+    def buggy(base: str, start: float):
+        if base == broken.http_url:
             raise KeyError("oops")
-        return real_probe(url, timeout)
+        return real_steps(base, start)
 
-    monkeypatch.setitem(health.PROBES, InferenceServer.Runtime.TRITON, buggy)
+    monkeypatch.setitem(health.PROBE_STEPS, InferenceServer.Runtime.TRITON, buggy)
 
     assert health.check_all(timeout=0.5) == {Health.UNREACHABLE: 2}
     broken.refresh_from_db()
