@@ -207,6 +207,13 @@ def _check(servers: list[InferenceServer], timeout: float | None) -> dict[str, i
             pending.append((server.pk, probe))
         if time.monotonic() - flushed >= FLUSH_EVERY_S:
             flush()
+    while waiting:  # what came in time but was not read yet (this thread was busy writing)
+        try:
+            server, probe = results.get_nowait()
+        except queue.Empty:
+            break
+        if waiting.pop(server.pk, None) is not None:
+            pending.append((server.pk, probe))
     for server in waiting.values():  # the loop did not get to it in time
         pending.append((server.pk, ServerProbe(False, False, "", [],
                                                f"no answer within the round's deadline of "

@@ -181,6 +181,13 @@ def scrape_all(servers: list[InferenceServer], timeout: float) -> Iterator[Scrap
             continue
         if pending.pop(got.target.pk, None) is not None:
             yield Scraped(got.target, got.taken_at, got.text, got.error)
+    while pending:  # what came in time but was not read yet (this thread was busy with it)
+        try:
+            got = results.get_nowait()
+        except queue.Empty:
+            break
+        if pending.pop(got.target.pk, None) is not None:
+            yield Scraped(got.target, got.taken_at, got.text, got.error)
     for server in pending.values():
         yield Scraped(server, time.time(), None,
                       f"no answer within the tick's deadline of {timeout + TICK_GRACE_S:.1f} s; "

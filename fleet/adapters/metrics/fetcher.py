@@ -27,7 +27,8 @@ import aiohttp
 
 from fleet.adapters.base import ProbeFailed, ProbeSteps, ServerProbe, elapsed_ms, timed_out
 
-MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT = 256  # requests at once; each one's timeout starts when it gets its turn
+MAX_CONNECTIONS = 2048
 MAX_BODY = 16 * 2**20  # a metrics page larger than this is not one
 
 
@@ -48,6 +49,7 @@ class MetricsFetcher:
         self.in_flight = in_flight
         self.loop = asyncio.new_event_loop()
         self.session: aiohttp.ClientSession | None = None
+        self.turns: asyncio.Semaphore | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, name="metrics-fetcher",
                                         daemon=True)
         self._thread.start()
@@ -66,6 +68,13 @@ class MetricsFetcher:
 
     async def _one(self, target: Any, url: str, timeout: float,
                    results: queue.Queue[Fetched]) -> None:
+        assert self.session is not None
+        assert self.turns is not None
+        async with self.turns:
+            await self._read(target, url, timeout, results)
+
+    async def _read(self, target: Any, url: str, timeout: float,
+                    results: queue.Queue[Fetched]) -> None:
         assert self.session is not None
         taken = time.time()
         try:
@@ -106,8 +115,14 @@ class MetricsFetcher:
 
     async def _probe_one(self, target: Any, base: str, steps_of: Callable[[str, float], ProbeSteps],
                          timeout: float, results: queue.Queue[tuple[Any, ServerProbe]]) -> None:
+        assert self.turns is not None
+        async with self.turns:
+            await self._run_probe(target, base.rstrip("/"), steps_of, timeout, results)
+
+    async def _run_probe(self, target: Any, base: str,
+                         steps_of: Callable[[str, float], ProbeSteps], timeout: float,
+                         results: queue.Queue[tuple[Any, ServerProbe]]) -> None:
         assert self.session is not None
-        base = base.rstrip("/")
         start = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
@@ -139,8 +154,13 @@ class MetricsFetcher:
 
     def _ensure_session(self) -> None:
         if self.session is None:
-            connector = aiohttp.TCPConnector(limit=self.in_flight, ttl_dns_cache=300)
+            # Requests wait for a turn before they start, so no one's timeout runs out while
+            # it waits for a connection; the connector keeps one idle connection per server
+            # for the next tick, up to MAX_CONNECTIONS (more servers than one worker process
+            # scrapes each second).
+            connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, ttl_dns_cache=300)
             self.session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+            self.turns = asyncio.Semaphore(self.in_flight)
 
     def close(self) -> None:
         """Close the session and stop the loop (at the process's exit)."""
