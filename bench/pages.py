@@ -198,7 +198,7 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     say(f"console pages, {args.requests} requests each…")
     pages = measure_pages(args.requests)
     admin = get_user_model().objects.get(username=PERSONAS["platform admin"])
-    secret = tokens.issue(admin, Tenant.objects.get(slug="fleet-00"), "bench-pages",
+    secret = tokens.issue(admin, Tenant.objects.get(slug="fleet-00"), f"bench-pages-{os.getpid()}",
                           Membership.Role.DEPLOYER).secret
     connections.close_all()
     api = measure_api(args, tmp, stack, secret)
