@@ -50,10 +50,16 @@ class Model(models.Model):
         deployment's Kubernetes workload is that deployment's alone, and loads the model
         under its own name.
         """
-        if (server.runtime == InferenceServer.Runtime.TRITON
-                and server.source != InferenceServer.Source.MANAGED):
-            return served_model_name(self.tenant.slug, self.name)
-        return self.name
+        return name_on(self.tenant.slug, self.name, server.runtime, server.source)
+
+
+def name_on(tenant_slug: str, model_name: str, runtime: str, source: str) -> str:
+    """:meth:`Model.name_on` from the values it reads (a tick over many servers has them
+    without the rows)."""
+    if runtime == InferenceServer.Runtime.TRITON and source != InferenceServer.Source.MANAGED:
+        return served_model_name(tenant_slug, model_name)
+    return model_name
+
 
 class ModelVersion(models.Model):
     """One immutable version of a model: what was built, where its artifact is, what it needs.

@@ -41,7 +41,6 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db.models import Prefetch
 
 from console import telemetry
 from fleet.adapters.metrics import fetcher, parsing, rates
@@ -49,6 +48,7 @@ from fleet.adapters.metrics.values import Counters, SeriesKey, dump_series, load
 from fleet.inventory import loadstats
 from fleet.models import InferenceServer
 from rollouts.models import Deployment, LatencyRollup
+from rollouts.models.registry import name_on
 from rollouts.slo import counters as slo_counters
 from rollouts.traffic import live_window
 
@@ -64,13 +64,13 @@ ROLLUP_FIELDS = ("requests", "failures", "slow", "rps", "error_rate", "avg_ms", 
 
 @dataclass(frozen=True)
 class Scraped:
-    server: InferenceServer
+    server: Any  # a Target (a server's row does as well)
     taken_at: float
     text: str | None
     error: str = ""
 
 
-def kind_of(server: InferenceServer) -> str:
+def kind_of(server: Any) -> str:
     return "vllm" if server.runtime == InferenceServer.Runtime.VLLM else "triton"
 
 
@@ -158,7 +158,7 @@ def run(plan: dict[int, list[int]], timeout: float | None = None) -> dict[str, i
 # --------------------------------------------------------------------------------------------
 
 
-def scrape_all(servers: list[InferenceServer], timeout: float) -> Iterator[Scraped | None]:
+def scrape_all(servers: list[Any], timeout: float) -> Iterator[Scraped | None]:
     """Scrape every server at once (``fleet.adapters.metrics.fetcher``); yield each result as
     it comes, and None whenever none came for FLUSH_IDLE_S (the caller's moment to write what
     is complete).
@@ -194,7 +194,7 @@ def scrape_all(servers: list[InferenceServer], timeout: float) -> Iterator[Scrap
                       "abandoned")
 
 
-def metrics_url(server: InferenceServer) -> str:
+def metrics_url(server: Any) -> str:
     return server.metrics_url or f"{server.http_url.rstrip('/')}/metrics"
 
 
@@ -248,28 +248,65 @@ class _Batch:
     """What a tick has complete and not yet written: deployments whose servers all answered
     (or failed), with the time their data was read."""
 
-    ready: list[tuple[Deployment, float]] = field(default_factory=list)
+    ready: list[tuple[Served, float]] = field(default_factory=list)
     flushed_at: float = field(default_factory=time.monotonic)
 
 
-def _deployments(ids: Iterable[int]) -> list[Deployment]:
-    servers = Prefetch("servers", queryset=InferenceServer.objects.select_related("cluster"))
-    return list(Deployment.objects.filter(pk__in=list(ids), archived_at__isnull=True)
-                .select_related("model__tenant").prefetch_related(servers))
+@dataclass(frozen=True)
+class Target:
+    """A server as the tick reads it (values, not a row: a thousand rows cost the tick more
+    than their pages' parsing)."""
+
+    pk: int
+    name: str
+    cluster: str
+    runtime: str
+    source: str
+    http_url: str
+    metrics_url: str
+
+
+@dataclass(frozen=True)
+class Served:
+    """A deployment as the tick writes its points: its model, its latency SLO, its servers."""
+
+    pk: int
+    slo_p99_ms: float
+    model: str
+    tenant: str
+    servers: tuple[Target, ...]
+
+    def name_on(self, server: Target) -> str:
+        return name_on(self.tenant, self.model, server.runtime, server.source)
+
+
+def served(ids: Iterable[int]) -> list[Served]:
+    """The deployments ``ids`` (not archived) with their servers: two statements."""
+    rows = list(Deployment.objects.filter(pk__in=list(ids), archived_at__isnull=True)
+                .values_list("pk", "slo_p99_ms", "model__name", "model__tenant__slug"))
+    links: dict[int, list[Target]] = defaultdict(list)
+    for deployment, *server in Deployment.servers.through.objects.filter(
+            deployment_id__in=[row[0] for row in rows]).order_by("inferenceserver_id").values_list(
+            "deployment_id", "inferenceserver_id", "inferenceserver__name",
+            "inferenceserver__cluster__name", "inferenceserver__runtime",
+            "inferenceserver__source", "inferenceserver__http_url",
+            "inferenceserver__metrics_url"):
+        links[deployment].append(Target(*server))
+    return [Served(pk, slo, model, tenant, tuple(links[pk])) for pk, slo, model, tenant in rows]
 
 
 def _tick(store: redis.Redis, ids: list[int], timeout: float) -> dict[str, int]:
-    deployments = _deployments(ids)
-    servers = {s.pk: s for d in deployments for s in d.servers.all()}
+    deployments = served(ids)
+    servers = {s.pk: s for d in deployments for s in d.servers}
     if not servers:
         return {"servers": 0, "points": 0}
     order = list(servers)
     prevs = dict(zip(order, store.mget([live_window.prev_key(pk) for pk in order]), strict=True))
     routed = slo_counters.routed_now(store, [d.pk for d in deployments])
-    waiting = {d.pk: {s.pk for s in d.servers.all()} for d in deployments}
-    of_server: dict[int, list[Deployment]] = defaultdict(list)
+    waiting = {d.pk: {s.pk for s in d.servers} for d in deployments}
+    of_server: dict[int, list[Served]] = defaultdict(list)
     for deployment in deployments:
-        for server in deployment.servers.all():
+        for server in deployment.servers:
             of_server[server.pk].append(deployment)
     found: dict[int, dict[tuple[str, str], Any]] = {}
     taken: dict[int, float] = {}
@@ -281,10 +318,11 @@ def _tick(store: redis.Redis, ids: list[int], timeout: float) -> dict[str, int]:
             pk = scraped.server.pk
             if scraped.text is None:
                 # The previous scrape stays: the next success spans the gap at the right rate.
-                log.debug("metrics of %s: %s", scraped.server, scraped.error)
+                log.debug("metrics of %s/%s: %s", scraped.server.cluster, scraped.server.name,
+                          scraped.error)
                 counts["failed"] += 1
                 telemetry.count(telemetry.SCRAPE_FAILURES, {
-                    "server": scraped.server.name, "cluster": scraped.server.cluster.name})
+                    "server": scraped.server.name, "cluster": scraped.server.cluster})
             else:
                 found[pk] = windows(scraped, prevs.get(pk), pipe)
                 taken[pk] = scraped.taken_at
@@ -293,7 +331,7 @@ def _tick(store: redis.Redis, ids: list[int], timeout: float) -> dict[str, int]:
                 waiting[deployment.pk].discard(pk)
                 if not waiting[deployment.pk]:
                     batch.ready.append((deployment, max(
-                        (taken[s.pk] for s in deployment.servers.all() if s.pk in taken),
+                        (taken[s.pk] for s in deployment.servers if s.pk in taken),
                         default=0.0)))
         if scraped is None or time.monotonic() - batch.flushed_at >= FLUSH_EVERY_S:
             counts["points"] += _flush(store, pipe, batch, found, routed)
@@ -308,7 +346,7 @@ def _flush(store: redis.Redis, pipe: Any, batch: _Batch,
     return write(store, ready, found, routed, pipe)
 
 
-def write(store: redis.Redis, ready: list[tuple[Deployment, float]],
+def write(store: redis.Redis, ready: list[tuple[Served, float]],
           found: dict[int, dict[tuple[str, str], Any]], routed: set[int] | None = None,
           pipe: Any = None) -> int:
     """Write the points of the ``ready`` deployments (each with the time its data was read)
@@ -325,12 +363,12 @@ def write(store: redis.Redis, ready: list[tuple[Deployment, float]],
     return len(written)
 
 
-def _queue_points(pipe: Any, deployment: Deployment, found: dict[int, dict[tuple[str, str], Any]],
+def _queue_points(pipe: Any, deployment: Served, found: dict[int, dict[tuple[str, str], Any]],
                   now: float, routed: bool) -> list[str]:
     """Queue one point per label of the deployment from its servers' windows; the labels."""
     grouped: dict[str, list[Any]] = defaultdict(list)
-    for server in deployment.servers.all():
-        name = deployment.model.name_on(server)
+    for server in deployment.servers:
+        name = deployment.name_on(server)
         for (model, version), win in found.get(server.pk, {}).items():
             if model == name:
                 grouped[_label(kind_of(server), version, model)].append(win)
@@ -393,7 +431,7 @@ def combine(parts: list[Any], slo_ms: float) -> dict[str, Any]:
     }
 
 
-def write_rollups(store: redis.Redis, series: list[tuple[Deployment, str, float]]) -> None:
+def write_rollups(store: redis.Redis, series: list[tuple[Served, str, float]]) -> None:
     """Upsert the current minute of each (deployment, label) series dated ``now`` from its
     points at full resolution: one pipelined read, one statement."""
     reads = store.pipeline(transaction=False)
@@ -413,7 +451,7 @@ def write_rollups(store: redis.Redis, series: list[tuple[Deployment, str, float]
             update_fields=list(ROLLUP_FIELDS))
 
 
-def rollup(deployment: Deployment, label: str, start: float,
+def rollup(deployment: Served, label: str, start: float,
            points: list[dict[str, Any]]) -> LatencyRollup | None:
     """The minute starting at ``start`` of one series, from its points."""
     if not points:
@@ -434,7 +472,7 @@ def rollup(deployment: Deployment, label: str, start: float,
         return max(values) if values else None
 
     return LatencyRollup(
-        deployment=deployment, label=label, minute=datetime.fromtimestamp(start, tz=UTC),
+        deployment_id=deployment.pk, label=label, minute=datetime.fromtimestamp(start, tz=UTC),
         requests=round(requests), failures=round(failures), slow=round(slow),
         rps=requests / span, error_rate=100.0 * failures / requests if requests else 0.0,
         avg_ms=mean("avg_ms"), p50_ms=mean("p50_ms"), p95_ms=worst("p95_ms"),

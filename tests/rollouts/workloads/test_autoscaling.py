@@ -110,7 +110,8 @@ def scrape_twice(dep: Any, first_at: float, seconds: float = 10.0) -> None:
         found[server.pk] = scrape_tick.windows(scrape_tick.Scraped(server, at, text),
                                                store.get(live_window.prev_key(server.pk)), pipe)
         pipe.execute()
-    assert scrape_tick.write(store, [(dep, first_at + seconds)], found) == 2  # v1 and v2
+    (target,) = scrape_tick.served([dep.pk])
+    assert scrape_tick.write(store, [(target, first_at + seconds)], found) == 2  # v1 and v2
 
 
 # --------------------------------------------------------------------------------------------
