@@ -15,9 +15,9 @@ two ticks, when the next tick's task, on another worker, takes the shard.
 of keep-alive connections (``fleet.adapters.metrics.fetcher``), each with a hard timeout, and
 the whole scrape has a deadline, so a hung server costs one timeout and delays nobody else
 (:func:`scrape_all`). Rates come from the difference with the server's previous
-scrape, kept in Redis as its raw text (any worker can take the next tick) and, in the process
-that took it, parsed (so a worker that scrapes a shard again parses each page once). The
-database is read twice a shard tick (its deployments, their servers) and written once per
+scrape's counters, kept in Redis as compact JSON (any worker can take the next tick) and in
+the memory of the process that took it. The
+database is read twice a shard tick (its deployments, their servers, as values) and written once per
 flush: points and rollups are written in batches, as soon as the results pause for
 ``FLUSH_IDLE_S`` or every ``FLUSH_EVERY_S`` (and at the end), so a deployment whose servers
 have all answered is written within a fraction of a second whatever the others do, and the
