@@ -42,6 +42,17 @@ class Fetched:
     error: str = ""
 
 
+async def body_of(response: aiohttp.ClientResponse) -> bytes:
+    """The whole body, read chunk by chunk; ValueError past MAX_BODY (no page is that big)."""
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(2**16):
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ValueError(f"an answer over {MAX_BODY // 2**20} MiB from {response.url}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class MetricsFetcher:
     """Reads pages on its own event loop; :meth:`fetch` hands the results back as they come."""
 
@@ -80,10 +91,7 @@ class MetricsFetcher:
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout),
                                         allow_redirects=False) as response:
-                body = await response.content.read(MAX_BODY + 1)
-                if len(body) > MAX_BODY:
-                    raise ValueError(f"a page over {MAX_BODY // 2**20} MiB at {url}")
-                text = body.decode("utf-8", errors="replace")
+                text = (await body_of(response)).decode("utf-8", errors="replace")
                 if response.status != 200:
                     results.put(Fetched(target, taken, None,
                                         f"GET {url} returned {response.status}: {text[:200]}"))
@@ -133,7 +141,7 @@ class MetricsFetcher:
                         async with self.session.request(
                                 call.method, call.url, json=call.json_body,
                                 allow_redirects=False) as response:
-                            answer = (response.status, await response.content.read(MAX_BODY))
+                            answer = (response.status, await body_of(response))
                     except aiohttp.ClientConnectorError as exc:
                         refused = isinstance(exc.os_error, ConnectionRefusedError)
                         call = steps.throw(ProbeFailed(

@@ -684,3 +684,44 @@ def test_a_scrape_kept_for_the_next_tick_reads_back_as_parsed(kind, page):
     kept = dump_series(series)
     assert load_series(kept) == series
     assert len(kept) * 10 < len(fixture_text(page))
+
+
+class _SlowChunks(BaseHTTPRequestHandler):
+    """A metrics page sent in three chunks 50 ms apart (chunked transfer encoding)."""
+
+    protocol_version = "HTTP/1.1"
+    PAGE = (FIXTURES / "triton_metrics.txt").read_bytes()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        third = len(self.PAGE) // 3 + 1
+        for i in range(0, len(self.PAGE), third):
+            part = self.PAGE[i:i + third]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+            time.sleep(0.05)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_fetcher_reads_a_page_that_comes_in_pieces_whole_and_refuses_a_huge_one(monkeypatch):
+    from fleet.adapters.metrics import fetcher
+
+    server = QuietHTTPServer(("127.0.0.1", 0), _SlowChunks)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        got = fetcher.fetcher().fetch([("a", url)], timeout=5.0).get(timeout=10)
+        assert got.text == _SlowChunks.PAGE.decode()
+        monkeypatch.setattr(fetcher, "MAX_BODY", 1000)
+        too_big = fetcher.fetcher().fetch([("b", url)], timeout=5.0).get(timeout=10)
+        assert too_big.text is None and "over" in too_big.error
+    finally:
+        server.shutdown()
+        server.server_close()
