@@ -351,8 +351,9 @@ def measure_freshness(samples: int, triton: Any, web_url: str, deployment: Any,
 
 class TickParts:
     """Where one tick goes: the deployment query and the parallel scrapes (until the first
-    diff), the diffs (``_windows``: Redis get/set and two parses per server), the rollups
-    (``_roll_up``: Redis read + update_or_create per series), and the rest."""
+    diff), the diffs (``scrape_tick.windows``: parsing the page and diffing it with the
+    previous scrape's counters, per server), the rollups (``scrape_tick.write_rollups``: one
+    pipelined Redis read and one upsert per batch), and the rest."""
 
     def __init__(self) -> None:
         self.parts: dict[str, float] = defaultdict(float)
@@ -440,7 +441,7 @@ def measure_ticks(deployment: Any, triton: Any, interval: float,
 
     from fleet.models import Cluster, InferenceServer
     from rollouts.models import Deployment
-    from rollouts.traffic import latency
+    from rollouts.traffic import scrape_tick
 
     cluster = Cluster.objects.create(name="bench-fleet", kind=Cluster.Kind.LOCAL)
     servers = list(deployment.servers.all())
@@ -455,7 +456,8 @@ def measure_ticks(deployment: Any, triton: Any, interval: float,
         servers.append(server)
 
     parts = TickParts()
-    undo = [parts.wrap(latency, "_windows", "diff"), parts.wrap(latency, "_roll_up", "rollup")]
+    undo = [parts.wrap(scrape_tick, "windows", "diff"),
+            parts.wrap(scrape_tick, "write_rollups", "rollup")]
     results: dict[str, Any] = {}
     try:
         with connection.execute_wrapper(parts.count_sql):
