@@ -232,7 +232,10 @@ def throughput(server_ids: list[int], seconds: float) -> float:
         while min(scraped_at(server_ids)) < sent:
             time.sleep(0.02)
             if time.time() - sent > 60:
-                raise RuntimeError("a round did not finish in 60 s: are the workers running?")
+                stale = [pk for pk, t in zip(server_ids, scraped_at(server_ids), strict=True)
+                         if t < sent]
+                raise RuntimeError(f"a round did not finish in 60 s: {len(stale)} servers not "
+                                   f"scraped (ids {stale[:10]}...): are the workers running?")
         rounds += 1
     return rounds * len(server_ids) / (time.monotonic() - started)
 
