@@ -13,6 +13,7 @@ from console.celery import BROKER_ERRORS, queue_of
 from rollouts.benchmarks import reconciler as benchmark_reconciler
 from rollouts.benchmarks import runs as benchmark_runs
 from rollouts.canary import reconciler as rollout_reconciler
+from rollouts.deployments import consistency
 from rollouts.loads import drift
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.models import ModelLoad, ServerWorkload
@@ -36,9 +37,11 @@ def advance_load(self: Task, load_id: int) -> None:
 
 @shared_task(ignore_result=True)
 def reconcile_loads() -> int:
-    """Beat tick: mark lost what the servers no longer report (drift), then advance every load
-    in flight that no worker holds (lost workers included)."""
+    """Beat tick: mark lost what the servers no longer report (drift), converge the
+    deployments that ask for it, then advance every load in flight that no worker holds
+    (lost workers included)."""
     drift.reconcile_all()
+    consistency.converge_due()
     due = load_reconciler.due_loads()
     for load_id in due:
         advance_load.delay(load_id)

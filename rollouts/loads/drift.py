@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from fleet.adapters.base import READY, AdapterError
@@ -32,7 +33,7 @@ from fleet.adapters.vllm import adapter_name
 from fleet.inventory.runtimes import runtime_for
 from fleet.models import InferenceServer
 from rollouts.loads import reconciler
-from rollouts.models import ModelLoad, ModelVersion
+from rollouts.models import Deployment, ModelLoad, ModelVersion
 
 log = logging.getLogger(__name__)
 State = ModelLoad.State
@@ -200,12 +201,24 @@ def check_configs(server: InferenceServer) -> list[ModelLoad]:
     return changed
 
 
+def servers_shared() -> set[int]:
+    """The servers of deployments of more than one server, whose configs must agree
+    (``rollouts.deployments.consistency``)."""
+    return set(
+        Deployment.objects.filter(archived_at__isnull=True).annotate(n=Count("servers"))
+        .filter(n__gt=1).values_list("servers", flat=True)
+    )
+
+
 def reconcile_all(now: float | None = None) -> dict[str, int]:
     """Reconcile every server that has ready loads; configs at most every
-    :data:`CONFIG_CHECK_EVERY_S` per server. A server whose reconciliation fails is logged and
+    :data:`CONFIG_CHECK_EVERY_S` per server, and every health interval on a server of a
+    deployment of several servers (so that a config changed on one of them shows as a
+    disagreement within a health tick). A server whose reconciliation fails is logged and
     skipped. Returns counts of what changed."""
     now = time.monotonic() if now is None else now
     counts = {"lost": 0, "config": 0}
+    shared = servers_shared()
     # A Kubernetes workload's server is watched through its Deployment's readiness by the
     # workload reconciler, which owns what runs there (and the quota its pods hold).
     servers = (InferenceServer.objects.filter(model_loads__state=State.READY)
@@ -213,7 +226,8 @@ def reconcile_all(now: float | None = None) -> dict[str, int]:
     for server in servers:
         try:
             counts["lost"] += len(reconcile_server(server))
-            if now - _config_checked.get(server.pk, float("-inf")) >= CONFIG_CHECK_EVERY_S:
+            every = settings.SWITCHYARD_HEALTH_INTERVAL_S if server.pk in shared else CONFIG_CHECK_EVERY_S
+            if now - _config_checked.get(server.pk, float("-inf")) >= every:
                 _config_checked[server.pk] = now
                 counts["config"] += len(check_configs(server))
         except Exception:  # one server must not stop the others

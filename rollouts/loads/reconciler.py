@@ -31,6 +31,7 @@ from fleet.models import Cohort, InferenceServer, Placement
 from fleet.quota import admission as quota
 from rollouts import leases
 from rollouts.loads.demand import config_of, demand_of, is_lora, served_config
+from rollouts.loads.reloads import is_reload
 from rollouts.loads.requests import record_event, unload_for
 from rollouts.models import ModelLoad, ModelVersion
 
@@ -175,6 +176,8 @@ def _load(load: ModelLoad) -> None:
     )
     if load.placement is not None:
         quota.activate(load.placement, loaded.config_hash)
+        if is_reload(load):
+            _hold_as_served(load, loaded.config)
     if version.runtime == ModelVersion.Runtime.VLLM and not is_lora(version):
         # A new server process replaced the old one: nothing the old one served is loaded.
         for other in ModelLoad.objects.filter(server=load.server, state=State.READY).exclude(pk=load.pk):
@@ -190,6 +193,19 @@ def _load(load: ModelLoad) -> None:
     _report_served(load)
     _move(load, State.READY, f"ready on {load.server.name} (config {loaded.config_hash[:12]})",
           config_hash=loaded.config_hash, ready_at=timezone.now())
+
+
+def _hold_as_served(load: ModelLoad, config: dict[str, Any]) -> None:
+    """A reloaded version's placement holds what it runs with now (its instance count may
+    have changed with the config)."""
+    placement = load.placement
+    units, memory = demand_of(load.version, placement.device_class, config)
+    if (units, memory) != (placement.units, placement.memory_mib):
+        Placement.objects.filter(pk=placement.pk, state__in=Placement.HOLDING).update(
+            units=units, memory_mib=memory)
+        record_event(load, f"holds {units} {'model instance' if placement.device_class == 'cpu' else 'GPU'}"
+                           f"{'s' if units != 1 else ''} and {memory} MiB now (was "
+                           f"{placement.units} and {placement.memory_mib} MiB)")
 
 
 def _refresh_kept(load: ModelLoad, runtime: ServerRuntime) -> None:
@@ -326,6 +342,12 @@ def _fail(load: ModelLoad, message: str, server_log: str = "", error_trace: str 
               error=message, server_log=server_log, error_trace=error_trace,
               finished_at=timezone.now())
         return
+    if is_reload(load) and _still_serving(load):
+        # A reload that failed leaves the version as it ran: ready, with its config and quota.
+        _move(load, State.READY, f"reload failed: {message}; v{load.version.version} still runs "
+                                 f"on {load.server.name} with its previous config",
+              error=message, server_log=server_log, error_trace=error_trace)
+        return
     leftover = _cleanup(load)
     quota.release(load.placement)
     if load.state == State.LOADING:
@@ -333,6 +355,18 @@ def _fail(load: ModelLoad, message: str, server_log: str = "", error_trace: str 
     text = message + (f" ({leftover})" if leftover else "")
     _move(load, State.FAILED, f"failed while {load.get_state_display().lower()}: {text}; quota released",
           error=text, server_log=server_log, error_trace=error_trace, finished_at=timezone.now())
+
+
+def _still_serving(load: ModelLoad) -> bool:
+    """Whether the server says the version is ready (False when it cannot say)."""
+    version = load.version
+    try:
+        runtime = runtime_for(load.server, lora=is_lora(version))
+        state = runtime.status(version.name_on(load.server), version.version,
+                               settings.SWITCHYARD_PROBE_TIMEOUT_S)
+    except AdapterError:
+        return False
+    return state == READY
 
 
 def _retry_or_fail(load: ModelLoad, exc: AdapterError) -> None:

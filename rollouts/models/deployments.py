@@ -63,6 +63,14 @@ class Deployment(models.Model):
         help_text="-1000 to 1000: when a cohort lender reclaims borrowed quota, the versions "
                   "of the lowest priority deployments are reclaimed first",
     )
+    auto_converge = models.BooleanField(
+        default=False,
+        help_text="When its servers disagree (a version missing from one, or run with another "
+                  "config), the reconcile tick converges it by itself: the missing version "
+                  "loaded, the version's config sent again (rollouts.deployments.consistency)")
+    converged_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="When it was last asked to converge (by someone, or by the tick)")
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
