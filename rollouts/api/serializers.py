@@ -13,6 +13,7 @@ from fleet.api.refs import IdOrNameField
 from fleet.api.serializers import LabelsField, TenantField, ValidatedModelSerializer
 from fleet.models import Cluster, InferenceServer
 from rollouts.api.triton_schema import TritonConfigField
+from rollouts.deployments import consistency
 from rollouts.models import (
     Alias,
     Deployment,
@@ -246,15 +247,22 @@ class DeploymentSerializer(ValidatedModelSerializer):
     slo_status = serializers.SerializerMethodField(
         help_text="ok, at_risk, breaching or no_traffic (the same as slo.state)")
     slo = serializers.SerializerMethodField()
+    consistency = serializers.SerializerMethodField(
+        help_text="consistent (every server serves the same versions with the same config), "
+                  "inconsistent (they disagree: GET consistency/ says how, POST converge/ "
+                  "makes them agree) or converging (they disagree while a load is in flight)")
+    consistent = serializers.SerializerMethodField(
+        help_text="true when every server serves the same versions with the same config hash")
 
     class Meta:
         model = Deployment
         fields = [
             "id", "tenant", "name", "model", "cluster", "servers", "production", "guard_servers", "slo_p99_ms",
             "slo_error_rate", "slo_window_days", "request_timeout_s", "slo_status", "slo", "priority", "description",
-            "route_url", "created_at", "updated_at", "archived_at", "reason",
+            "route_url", "consistency", "consistent", "auto_converge", "converged_at",
+            "created_at", "updated_at", "archived_at", "reason",
         ]
-        read_only_fields = ["created_at", "updated_at", "archived_at"]
+        read_only_fields = ["created_at", "updated_at", "archived_at", "converged_at"]
         extra_kwargs = {"production": {"help_text": (
             "Loads approved versions only, and its rollouts wait for an approver. Changing it "
             "on an existing deployment needs the approver role (403 otherwise); turning it on "
@@ -269,6 +277,17 @@ class DeploymentSerializer(ValidatedModelSerializer):
     @extend_schema_field(SloSerializer)
     def get_slo(self, deployment: Deployment) -> dict[str, Any]:
         return SloSerializer(slo_of(deployment)).data
+
+    @extend_schema_field(serializers.ChoiceField(choices=["consistent", "inconsistent",
+                                                          "converging"]))
+    def get_consistency(self, deployment: Deployment) -> str:
+        states = self.context.get("consistency_states")
+        if states is None or deployment.pk not in states:
+            states = consistency.states_of([deployment])
+        return states[deployment.pk]
+
+    def get_consistent(self, deployment: Deployment) -> bool:
+        return self.get_consistency(deployment) == consistency.CONSISTENT
 
     @extend_schema_field({"type": ["string", "null"], "format": "uri"})
     def get_route_url(self, deployment: Deployment) -> str | None:

@@ -27,7 +27,9 @@ from fleet.api.base import (
 from fleet.api.refs import IdOrNameFilter
 from fleet.models import Cluster, InferenceServer, Membership
 from rollouts.api import serializers as s
+from rollouts.api.consistency import ConsistencySerializer, ConvergeSerializer
 from rollouts.api.filters import DeploymentFilter
+from rollouts.deployments import consistency
 from rollouts.deployments import lifecycle as deployments
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion, SloAlert
@@ -263,7 +265,8 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
     """Deployments: a model on a cluster, with its SLO. ``model`` and ``cluster`` are ids or
     names, in bodies and filters alike (a deployment reads its cluster back by name)."""
 
-    write_roles = {**DEPLOYER_WRITES, "destroy": Membership.Role.ADMIN}
+    write_roles = {**DEPLOYER_WRITES, "destroy": Membership.Role.ADMIN,
+                   "converge": Membership.Role.DEPLOYER}
     queryset = Deployment.objects.select_related(
         "tenant", "model", "cluster", "route", "slo"
     ).prefetch_related("servers").annotate(alerts_firing=Subquery(
@@ -310,6 +313,42 @@ class DeploymentViewSet(ReadsLean, TenantScopedViewSetMixin, viewsets.ModelViewS
                        else "must be between 60 and 2592000 seconds (30 days)")
             raise DomainError(message, field="window") from None
         return Response(latency.series(self.get_object(), window, _since(request)))
+
+    def get_serializer(self, *args: Any, **kwargs: Any) -> Any:
+        # A page of deployments is judged in two queries, not two a deployment.
+        if kwargs.get("many") and args:
+            rows = list(args[0])
+            kwargs.setdefault("context", self.get_serializer_context())
+            kwargs["context"]["consistency_states"] = consistency.states_of(rows)
+            args = (rows, *args[1:])
+        return super().get_serializer(*args, **kwargs)
+
+    @extend_schema(responses={200: ConsistencySerializer})
+    @action(detail=True, methods=["get"])
+    def consistency(self, request: Request, pk: str | None = None) -> Response:
+        """Per server, each version of the model it serves, with its config hash and state,
+        and whether the servers disagree (a version missing from one, a version run with
+        several configs)."""
+        return Response(ConsistencySerializer(consistency.view(self.get_object())).data)
+
+    @extend_schema(
+        request=s.DecisionSerializer,
+        responses={202: ConvergeSerializer,
+                   409: OpenApiResponse(description="nothing to converge (the servers agree), "
+                                                    "or a rollout, benchmark or load is changing "
+                                                    "what the deployment serves")},
+    )
+    @action(detail=True, methods=["post"])
+    def converge(self, request: Request, pk: str | None = None) -> Response:
+        """Make the servers agree (deployer role): each version missing from a server is
+        loaded there, and a version run with several configs gets its own config sent again
+        where it is ready. Nothing is unloaded. One audited action; poll consistency/ (or the
+        loads) until it reads consistent."""
+        body = s.DecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        done = consistency.converge(request.user, self.get_object(),
+                                    reason=body.validated_data["reason"])
+        return Response(ConvergeSerializer(done).data, status=status.HTTP_202_ACCEPTED)
 
     def perform_create(self, serializer: s.DeploymentSerializer) -> None:
         data = dict(serializer.validated_data)

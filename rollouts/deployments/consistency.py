@@ -63,6 +63,14 @@ class Entry:
     state: str
     config_hash: str
     load_id: int | None = None
+    #: Ready, or reloading (a version being sent its config again still serves meanwhile).
+    serving: bool = False
+
+
+def entry(server_id: int, version: int, state: str, config_hash: str, ready_at: Any,
+          load_id: int | None = None) -> Entry:
+    serving = state == State.READY or (state == State.LOADING and ready_at is not None)
+    return Entry(server_id, version, state, config_hash, load_id, serving)
 
 
 @dataclass
@@ -110,7 +118,7 @@ class Judgement:
 def judge(servers: dict[int, str], entries: Iterable[Entry]) -> Judgement:
     """Judge the loads ``entries`` on the judged ``servers`` (id -> name).
 
-    Each version ready on a server should be ready on every server; each version ready on
+    Each version ready on a server (or reloading there) should be ready on every server; each version ready on
     several servers should run with one config hash there. A hash not run by most of them
     disagrees (with as many on each side, every one of them does).
     """
@@ -119,9 +127,9 @@ def judge(servers: dict[int, str], entries: Iterable[Entry]) -> Judgement:
     for entry in entries:
         if entry.server_id not in servers:
             continue
-        if entry.state == State.READY:
+        if entry.serving:
             ready[entry.version][entry.server_id] = entry.config_hash
-        elif entry.state in ModelLoad.IN_FLIGHT:
+        if entry.state in ModelLoad.IN_FLIGHT:
             found.in_flight = True
     for version in sorted(ready):
         on = ready[version]
@@ -183,7 +191,7 @@ def view(deployment: Deployment) -> View:
     judged = _judged(servers)
     shown = list(
         ModelLoad.objects.filter(deployment=deployment, server__in=servers, state__in=SHOWN)
-        .values("pk", "server_id", "version__version", "state", "config_hash")
+        .values("pk", "server_id", "version__version", "state", "config_hash", "ready_at")
         .order_by("server__name", "version__version", "-pk")
     )
     entries, seen = [], set()
@@ -192,13 +200,13 @@ def view(deployment: Deployment) -> View:
         if key in seen:  # an unload in flight beside a newer load: the newest speaks
             continue
         seen.add(key)
-        entries.append(Entry(row["server_id"], row["version__version"], row["state"],
-                             row["config_hash"], row["pk"]))
+        entries.append(entry(row["server_id"], row["version__version"], row["state"],
+                             row["config_hash"], row["ready_at"], row["pk"]))
     found = judge(judged, entries)
     rows: list[Row] = []
     by_server: dict[int, list[Entry]] = defaultdict(list)
-    for entry in entries:
-        by_server[entry.server_id].append(entry)
+    for item in entries:
+        by_server[item.server_id].append(item)
     for server in servers:
         mine = [Row(server, e.version, e.state, e.config_hash, e.load_id,
                     judged=server.pk in judged) for e in by_server[server.pk]]
@@ -227,14 +235,14 @@ def states_of(deployments: list[Deployment]) -> dict[int, str]:
             servers[deployment_id][server_id] = name
     entries: dict[int, list[Entry]] = defaultdict(list)
     newest: set[tuple[int, int, int]] = set()
-    for deployment_id, server_id, version, state, hash_ in (
+    for deployment_id, server_id, version, state, hash_, ready_at in (
             ModelLoad.objects.filter(deployment_id__in=ids, state__in=SHOWN)
             .order_by("-pk").values_list("deployment_id", "server_id", "version__version",
-                                         "state", "config_hash")):
+                                         "state", "config_hash", "ready_at")):
         if (deployment_id, server_id, version) in newest:
             continue
         newest.add((deployment_id, server_id, version))
-        entries[deployment_id].append(Entry(server_id, version, state, hash_))
+        entries[deployment_id].append(entry(server_id, version, state, hash_, ready_at))
     return {pk: judge(servers[pk], entries[pk]).state for pk in ids}
 
 

@@ -32,7 +32,7 @@ from rollouts.models import (
 from rollouts.traffic import routes
 
 FIELDS = ["name", "model", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate",
-          "slo_window_days", "request_timeout_s", "priority", "description"]
+          "slo_window_days", "request_timeout_s", "priority", "auto_converge", "description"]
 
 
 def _reprioritise(deployment: Deployment) -> None:

@@ -255,6 +255,13 @@ class World:
         return self.deployment_a
 
     @cached_property
+    def split_a(self) -> Deployment:
+        """Deployment A on two servers with version 1 ready on the first only: they disagree."""
+        self._ready(self.deployment_a, self.version_a)
+        self.deployment_a.servers.add(InferenceServerFactory(cluster=self.cluster, name="server-2"))
+        return self.deployment_a
+
+    @cached_property
     def load_a(self) -> ModelLoad:
         return ModelLoad.objects.create(
             tenant=self.tenant_a, deployment=self.served_a, server=self.server,
@@ -819,6 +826,12 @@ OPS: list[Op] = [
        payload=lambda w: {"description": "changed"},
        done=lambda w, body: fresh(w.deployment_a).description == "changed"),
     Op("deployment", "latency", "GET", "deployments/{deployment_a}/latency/", Deployment, "bob", 200),
+    Op("deployment", "consistency", "GET", "deployments/{split_a}/consistency/", Deployment, "bob",
+       200, done=lambda w, body: body["state"] == "inconsistent"),
+    Op("deployment", "converge", "POST", "deployments/{split_a}/converge/", Deployment, "dave", 202,
+       writer="role", role="deployer", below=("bob",), payload=lambda w: {"reason": "agree"},
+       done=lambda w, body: ModelLoad.objects.filter(
+           deployment=w.deployment_a, server__name="server-2", state="pending").exists()),
     # --- model loads
     *read_ops("load", "loads", ModelLoad, ("load_a", "load_b")),
     Op("load", "create", "POST", "loads/", ModelLoad, "dave", 202, writer="role",

@@ -11,7 +11,7 @@ from django.utils import timezone
 from console.exceptions import Conflict
 from fleet.models import AuditEvent, InferenceServer
 from rollouts.deployments import consistency
-from rollouts.deployments.consistency import Entry, judge
+from rollouts.deployments.consistency import judge
 from rollouts.models import Deployment, ModelLoad, Rollout
 from tests.factories import (
     ClusterFactory,
@@ -24,6 +24,13 @@ from tests.factories import (
 State = ModelLoad.State
 H1, H2 = "a" * 64, "b" * 64
 SERVERS = {1: "s-1", 2: "s-2", 3: "s-3"}
+NOW = timezone.now()
+
+
+def E(server: int, version: int, state: str, config_hash: str) -> consistency.Entry:
+    """A load as the judge sees it (``ready_at`` set when ready)."""
+    return consistency.entry(server, version, state, config_hash,
+                             NOW if state == State.READY else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -32,13 +39,13 @@ SERVERS = {1: "s-1", 2: "s-2", 3: "s-3"}
 
 
 def test_servers_serving_the_same_versions_with_one_config_agree():
-    found = judge(SERVERS, [Entry(pk, v, State.READY, H1) for pk in SERVERS for v in (1, 2)])
+    found = judge(SERVERS, [E(pk, v, State.READY, H1) for pk in SERVERS for v in (1, 2)])
     assert found.consistent and found.state == "consistent" and found.reasons == []
 
 
 def test_a_version_missing_from_one_server_disagrees_and_names_it():
-    found = judge(SERVERS, [Entry(1, 1, State.READY, H1), Entry(2, 1, State.READY, H1),
-                            Entry(3, 2, State.READY, H1)])
+    found = judge(SERVERS, [E(1, 1, State.READY, H1), E(2, 1, State.READY, H1),
+                            E(3, 2, State.READY, H1)])
     assert not found.consistent
     assert found.missing == {1: [3], 2: [1, 2]}
     assert "v1 is not ready on s-3 (it is on s-1, s-2)" in found.reasons
@@ -46,26 +53,32 @@ def test_a_version_missing_from_one_server_disagrees_and_names_it():
 
 
 def test_a_config_most_servers_do_not_run_disagrees():
-    found = judge(SERVERS, [Entry(1, 1, State.READY, H1), Entry(2, 1, State.READY, H1),
-                            Entry(3, 1, State.READY, H2)])
+    found = judge(SERVERS, [E(1, 1, State.READY, H1), E(2, 1, State.READY, H1),
+                            E(3, 1, State.READY, H2)])
     assert found.mixed == {1: [1, 2, 3]} and found.majority == {1: H1}
     assert set(found.odd) == {(3, 1)}
     assert found.reasons == [f"v1 runs with 2 configs: s-1 {H1[:12]}, s-2 {H1[:12]}, s-3 {H2[:12]}"]
 
 
 def test_with_as_many_servers_on_each_config_every_one_disagrees():
-    found = judge({1: "s-1", 2: "s-2"}, [Entry(1, 1, State.READY, H1), Entry(2, 1, State.READY, H2)])
+    found = judge({1: "s-1", 2: "s-2"}, [E(1, 1, State.READY, H1), E(2, 1, State.READY, H2)])
     assert set(found.odd) == {(1, 1), (2, 1)} and found.majority == {}
 
 
 def test_a_load_in_flight_makes_a_disagreement_read_converging():
-    found = judge({1: "s-1", 2: "s-2"}, [Entry(1, 2, State.READY, H1),
-                                         Entry(2, 2, State.LOADING, "")])
+    found = judge({1: "s-1", 2: "s-2"}, [E(1, 2, State.READY, H1),
+                                         E(2, 2, State.LOADING, "")])
     assert found.state == "converging" and not found.consistent
 
 
+def test_a_version_reloading_still_serves_its_previous_config_meanwhile():
+    reloading = consistency.entry(2, 1, State.LOADING, H2, NOW)
+    found = judge({1: "s-1", 2: "s-2"}, [E(1, 1, State.READY, H1), reloading])
+    assert found.state == "converging" and found.mixed == {1: [1, 2]}
+
+
 def test_one_server_or_none_always_agrees():
-    assert judge({1: "s-1"}, [Entry(1, 1, State.READY, H1), Entry(1, 2, State.READY, H2)]).consistent
+    assert judge({1: "s-1"}, [E(1, 1, State.READY, H1), E(1, 2, State.READY, H2)]).consistent
     assert judge({}, []).consistent
 
 
