@@ -26,6 +26,8 @@ urlpatterns = [
     path("deployments/<int:pk>/edit/", deployment_views.deployment_edit, name="deployment-edit"),
     path("deployments/<int:pk>/loads/", load_views.deployment_loads, name="deployment-loads"),
     path("deployments/<int:pk>/call/", deployment_views.deployment_call, name="deployment-call"),
+    path("deployments/<int:pk>/converge/", deployment_views.deployment_converge,
+         name="deployment-converge"),
     path("deployments/<int:pk>/slo/", slo_views.deployment_slo, name="deployment-slo"),
     path("slo/", slo_views.slo_summary, name="slo-summary"),
     path("deployments/<int:pk>/load/", load_views.deployment_load_action, name="deployment-load"),

@@ -281,9 +281,9 @@ class DeploymentSerializer(ValidatedModelSerializer):
     @extend_schema_field(serializers.ChoiceField(choices=["consistent", "inconsistent",
                                                           "converging"]))
     def get_consistency(self, deployment: Deployment) -> str:
-        states = self.context.get("consistency_states")
-        if states is None or deployment.pk not in states:
-            states = consistency.states_of([deployment])
+        states = self.context.setdefault("consistency_states", {})
+        if deployment.pk not in states:  # one deployment: judged once for both fields
+            states.update(consistency.states_of([deployment]))
         return states[deployment.pk]
 
     def get_consistent(self, deployment: Deployment) -> bool:

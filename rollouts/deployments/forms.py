@@ -11,6 +11,7 @@ from django import forms
 from console.forms import DomainForm
 from fleet.models import Cluster, InferenceServer, Membership
 from fleet.tenancy.scoping import has_role
+from rollouts.deployments import consistency
 from rollouts.deployments import lifecycle as deployments
 from rollouts.deployments.widgets import ServerCheckboxes
 from rollouts.models import Deployment, Model
@@ -59,6 +60,10 @@ class DeploymentForm(DomainForm):
         min_value=-1000, max_value=1000, initial=0, required=False,
         help_text="When borrowed quota is reclaimed by a tenant of your cohort, the lowest "
                   "priority goes first")
+    auto_converge = forms.BooleanField(
+        required=False, label="Converge by itself",
+        help_text="When its servers disagree (a version missing from one, or run with another "
+                  "config), the reconcile tick makes them agree")
     description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 3}))
 
     def __init__(self, *args: Any, deployment: Deployment | None = None, **kwargs: Any) -> None:
@@ -70,7 +75,7 @@ class DeploymentForm(DomainForm):
                 "slo_p99_ms": deployment.slo_p99_ms,
                 "slo_error_rate": deployment.slo_error_rate, "slo_window_days": deployment.slo_window_days,
                 "request_timeout_s": deployment.request_timeout_s, "priority": deployment.priority,
-                "description": deployment.description,
+                "auto_converge": deployment.auto_converge, "description": deployment.description,
             })
         super().__init__(*args, **kwargs)
         self.deployment = deployment
@@ -106,7 +111,7 @@ class DeploymentForm(DomainForm):
         else:
             deployment = Deployment.objects.get(pk=self.deployment.pk)
         for name in ("name", "cluster", "production", "guard_servers", "slo_p99_ms", "slo_error_rate",
-                     "request_timeout_s"):
+                     "request_timeout_s", "auto_converge"):
             setattr(deployment, name, data[name])
         if data["slo_window_days"] is not None:  # left empty: as it was (30 for a new deployment)
             deployment.slo_window_days = data["slo_window_days"]
@@ -115,6 +120,28 @@ class DeploymentForm(DomainForm):
         deployment.name = deployment.name.strip()
         deployment.description = data["description"].strip()
         return deployments.save_deployment(self.actor, deployment, servers)
+
+
+class ConvergeForm(DomainForm):
+    """Make the deployment's servers agree (``consistency.converge``)."""
+
+    reason = forms.CharField(required=False, max_length=2000)
+    error_id_prefix = "converge-"
+
+    def __init__(self, *args: Any, deployment: Deployment, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deployment = deployment
+
+    def perform(self) -> str:
+        done = consistency.converge(self.actor, self.deployment,
+                                    reason=self.cleaned_data["reason"].strip())
+        parts = [f"loading {_count(done.loads, 'missing version')}" if done.loads else "",
+                 f"sending the config again on {_count(done.reloads, 'server')}" if done.reloads else ""]
+        return f"Converging {self.deployment.name}: {' and '.join(p for p in parts if p)}."
+
+
+def _count(rows: list[Any], noun: str) -> str:
+    return f"{len(rows)} {noun}{'' if len(rows) == 1 else 's'}"
 
 
 class DeploymentDeleteForm(DomainForm):

@@ -24,6 +24,8 @@ from rollouts.benchmarks.forms import BenchmarkStartForm
 from rollouts.benchmarks.pages import deployment_benchmarks_context
 from rollouts.canary.forms import RolloutStartForm
 from rollouts.canary.pages import deployment_rollouts_context
+from rollouts.deployments import consistency
+from rollouts.deployments.forms import ConvergeForm
 from rollouts.loads.forms import DeploymentLoadForm
 from rollouts.models import Deployment, ModelLoad, ModelVersion
 from rollouts.registry import versions as registry
@@ -64,9 +66,11 @@ def render_deployment(
     request: HttpRequest, deployment: Deployment, form: DeploymentLoadForm | None = None,
     status: int = 200, route_form: RouteForm | RouteDefaultForm | RouteRemoveForm | None = None,
     rollout_form: RolloutStartForm | None = None, benchmark_form: BenchmarkStartForm | None = None,
+    converge_form: ConvergeForm | None = None,
 ) -> HttpResponse:
     """The deployment's page with every panel; a refused form (a load, a route change, a
-    rollout or a benchmark start) is shown in its panel with its errors, with ``status``."""
+    rollout or a benchmark start, a converge) is shown in its panel with its errors, with
+    ``status``."""
     loadable = deployment.model.versions.exclude(
         status__in=[ModelVersion.Status.REJECTED, ModelVersion.Status.ARCHIVED]
     )
@@ -97,6 +101,9 @@ def render_deployment(
         "can_delete": has_role(request.user, deployment.tenant, Membership.Role.ADMIN)
         and not deployment.is_archived,
         "load_form": form,
+        "consistency": consistency.view(deployment),
+        "converge_blocker": consistency.blocker(deployment),
+        "converge_form": converge_form,
         "latency_url": reverse("api:deployment-latency", args=[deployment.pk]),
         "latency_windows": LATENCY_WINDOWS,
         "placements": Placement.objects.filter(

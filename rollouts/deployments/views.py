@@ -10,15 +10,15 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from console.paging import paginate, querystring_without_page
 from fleet.api.refs import is_id
 from fleet.models import Membership
 from fleet.tenancy.scoping import require_role
-from rollouts.deployments import calling
+from rollouts.deployments import calling, consistency
 from rollouts.deployments import lifecycle as deployments
-from rollouts.deployments.forms import DeploymentDeleteForm, DeploymentForm
+from rollouts.deployments.forms import ConvergeForm, DeploymentDeleteForm, DeploymentForm
 from rollouts.deployments.pages import render_deployment, visible_deployment
 from rollouts.models import Deployment, SloStatus
 
@@ -39,10 +39,14 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
         if SloStatus.State.NO_TRAFFIC in wanted:
             found |= Q(slo__isnull=True)
         deployments = deployments.filter(found)
+    page = paginate(request, deployments)
+    states = consistency.states_of(list(page))
+    for deployment in page:
+        deployment.consistency_state = states.get(deployment.pk, consistency.CONSISTENT)
     context = {
         "slo_states": SloStatus.State.choices,
         "slo_wanted": wanted,
-        "page": paginate(request, deployments),
+        "page": page,
         "qs": querystring_without_page(request),
         "archived": archived,
         "archived_count": visible.filter(archived_at__isnull=False).count(),
@@ -53,6 +57,20 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render_deployment(request, visible_deployment(request, pk))
+
+
+@login_required
+@require_POST
+def deployment_converge(request: HttpRequest, pk: int) -> HttpResponse:
+    """Make the deployment's servers agree; a refusal re-renders the page with it in place."""
+    deployment = visible_deployment(request, pk)
+    require_role(request.user, deployment.tenant, Membership.Role.DEPLOYER)
+    form = ConvergeForm(request.POST, actor=request.user, deployment=deployment)
+    done = form.save()
+    if done is None:
+        return render_deployment(request, deployment, converge_form=form, status=form.status_code)
+    messages.success(request, done)
+    return redirect("rollouts:deployment", pk=deployment.pk)
 
 
 @login_required

@@ -34,8 +34,10 @@ EXPECTED = {
     "models detail": 3,
     "versions list": 3,  # token, count, versions with model, tenant and who registered
     "versions detail": 2,
-    "deployments list": 4,  # token, count, deployments with tenant, model, cluster, route; servers
-    "deployments detail": 3,
+    # token, count, deployments with tenant, model, cluster, route; servers; for consistency:
+    # the page's servers with their kind, its loads
+    "deployments list": 6,
+    "deployments detail": 5,
     "loads list": 3,  # token, loads with deployment, server, version, model; events (no count)
     "loads detail": 3,
     "quotas list": 4,  # token, count, quotas with tenant; usage of the page

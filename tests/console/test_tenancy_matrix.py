@@ -465,6 +465,12 @@ PAGES: list[Page] = [
          ok=(302,), setup=("ready_a",),
          data=lambda w: {"action": "unload", "version": w.version_a.pk},
          done=lambda w, p: fresh(w.ready_a).state == ModelLoad.State.UNLOADING),
+    # --- one version everywhere: a deployment whose two servers disagree, and converging it
+    Page("rollouts:deployment", "split_a", "split"),
+    Page("rollouts:deployment-converge", "split_a", method="POST", role=Role.DEPLOYER, ok=(302,),
+         data=lambda w: {"reason": "agree"},
+         done=lambda w, p: ModelLoad.objects.filter(
+             deployment=w.deployment_a, server__name="server-2", state="pending").exists()),
     # --- servers on Kubernetes: the deployment's panel (polling while a server is in flight,
     # 286 once none is; a deployment on another kind of cluster has none), its create form and
     # a server's actions
