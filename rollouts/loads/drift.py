@@ -204,10 +204,10 @@ def check_configs(server: InferenceServer) -> list[ModelLoad]:
 def servers_shared() -> set[int]:
     """The servers of deployments of more than one server, whose configs must agree
     (``rollouts.deployments.consistency``)."""
-    return set(
-        Deployment.objects.filter(archived_at__isnull=True).annotate(n=Count("servers"))
-        .filter(n__gt=1).values_list("servers", flat=True)
-    )
+    several = (Deployment.objects.filter(archived_at__isnull=True).annotate(n=Count("servers"))
+               .filter(n__gt=1).values("pk"))
+    return set(Deployment.servers.through.objects.filter(deployment_id__in=several)
+               .values_list("inferenceserver_id", flat=True))
 
 
 def reconcile_all(now: float | None = None) -> dict[str, int]:

@@ -12,6 +12,7 @@ from console.exceptions import Conflict
 from fleet.models import AuditEvent, InferenceServer
 from rollouts.deployments import consistency
 from rollouts.deployments.consistency import judge
+from rollouts.loads import drift
 from rollouts.models import Deployment, ModelLoad, Rollout
 from tests.factories import (
     ClusterFactory,
@@ -255,3 +256,10 @@ def test_a_config_left_by_an_override_is_sent_the_versions_own_config_again(two,
     reload_audit = AuditEvent.objects.get(verb="requested_reload", object_id=str(odd.pk))
     assert reload_audit.before == {"config_hash": H2, "config_override": True}
     assert AuditEvent.objects.get(verb="converged").reason == "one config everywhere"
+
+
+def test_the_servers_of_deployments_of_several_servers_are_checked_often(two):
+    alone = InferenceServerFactory(cluster=two.deployment.cluster, name="alone")
+    single = DeploymentFactory(model=two.deployment.model, cluster=two.deployment.cluster, name="one")
+    single.servers.set([alone])
+    assert drift.servers_shared() == {s.pk for s in two.servers}
