@@ -73,6 +73,8 @@ REQUIRED = [
     ("GET", r"/api/v1/loads/\d+/"),
     ("GET", r"/api/v1/audit-events/"),
     ("GET", r"/api/v1/deployments/\d+/latency/"),
+    ("GET", r"/api/v1/deployments/\d+/consistency/"),
+    ("POST", r"/api/v1/deployments/\d+/converge/"),
     ("GET", r"/api/v1/routes/\d+/"),
     ("PATCH", r"/api/v1/routes/\d+/"),
     ("DELETE", r"/api/v1/routes/\d+/"),
