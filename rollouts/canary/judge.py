@@ -38,7 +38,9 @@ drawn at its share. The verdict never contradicts the bounds:
   their tolerances: the canary is shown to be at most that much worse; the analysis step
   decides what to do with it. The tail is a guard: it fails a canary whose slowest requests
   are shown beyond its tolerance, but does not hold a pass (on the demo's real tail, 10,000
-  requests a side bound it only to about +-10%, and a p99 ratio to about +-20%);
+  requests a side bound it only to about +-10%, and a p99 ratio to about +-20%); the last
+  analysis step alone waits for ``tail99``'s upper bound to be under :data:`SHARE_HOLD_PCT`
+  (:func:`rollouts.canary.policy.tail_bounded`);
 * otherwise no verdict yet; and a tolerance finer than the data's recording step can resolve
   (0.2 ms at a 4 ms median with whole-millisecond samples) is said so, and never passes.
 """
@@ -75,6 +77,14 @@ SHARE_FROM = 0.99
 # Metrics that fail a canary shown beyond their tolerance but need not be shown within it
 # for a pass.
 GUARDS = frozenset({"tail", "tail99", "recent", "ttft", "generation"})
+# The last analysis step holds its pass until the canary's share past the baseline's p99 is
+# shown at most this many percent above the baseline's own (at most twice it): a version whose
+# slowest hundredth grew much slower moves about twice the requests past that line, so it is
+# kept collecting until ``tail99`` shows it beyond its tolerance, where a pass on the median and
+# the errors alone would promote it first. The same share is what the ``tail99`` bounds are
+# tightest for (the mixture's scale), since it is the effect they must catch.
+SHARE_HOLD_PCT = 100.0
+SHARE_TAU = math.log1p(SHARE_HOLD_PCT / 100)
 
 
 @dataclass(frozen=True)
@@ -376,7 +386,7 @@ def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, toleranc
     p_b = (k_b + 0.5) / (len(baseline) + 1)
     variance = (1 - p_c) / (k_c + 0.5) + (1 - p_b) / (k_b + 0.5)
     return _bounded("tail99", "log-ratio", math.log(p_c / p_b), variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.01), alpha, 100 * p_c, 100 * p_b,
+                    max(SHARE_TAU, TAU_FACTOR * tolerance), alpha, 100 * p_c, 100 * p_b,
                     f"requests slower than the baseline's p99 of {threshold:.3g} ms")
 
 

@@ -14,7 +14,8 @@ An analysis step ends:
   judge shows every metric within its tolerance (the canary is at most that much worse), or,
   for an analysis step that is not the rollout's last, nothing is shown beyond a tolerance (the
   weight goes up while no harm is shown; the proof is left to the last analysis step, on
-  all the evidence gathered by then);
+  all the evidence gathered by then, which also waits until the canary's share of requests
+  past the baseline's p99 is shown at most twice the baseline's: :func:`tail_bounded`);
 * ``inconclusive`` (a person decides) when the attempt's canary requests reach
   ``planned_samples`` or ``timeout_s`` passes without either;
 * otherwise it keeps looking.
@@ -36,6 +37,7 @@ from rollouts.canary.judge import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    SHARE_HOLD_PCT,
     JudgeConfig,
     Judgement,
     block_alpha,
@@ -43,6 +45,7 @@ from rollouts.canary.judge import (
 )
 
 RUNNING = "running"
+SHARE_HOLD = math.log1p(SHARE_HOLD_PCT / 100)
 
 # How analyses judge, unless the rollout (or the step) says otherwise (see
 # rollouts.canary.judge and this module for what each means). ``max_p99_ms`` and
@@ -163,6 +166,14 @@ def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last:
     if judgement.verdict == FAIL:
         return FAIL, "a regression is shown beyond what is allowed"
     seen = step_samples >= min_samples
+    held = last and not shadow and not tail_bounded(judgement)
+    if seen and judgement.within and held:
+        if judgement.canary_samples >= planned_samples:
+            return INCONCLUSIVE, (f"{judgement.canary_samples} of {planned_samples} planned "
+                                  f"{what}, and the share slower than the baseline's p99 is "
+                                  "not shown at most twice the baseline's")
+        return RUNNING, ("median and errors within; waiting until the share of requests slower "
+                         "than the baseline's p99 is shown at most twice the baseline's")
     if seen and judgement.within:
         return PASS, (f"{judgement.canary_samples} {what} show "
                       f"{'the time of each request' if shadow else 'its median latency'} "
@@ -179,6 +190,14 @@ def step_end(judgement: Judgement, *, step_samples: int, min_samples: int, last:
     if not seen:
         return RUNNING, f"{step_samples} of {min_samples} {what}{at}"
     return RUNNING, "not settled yet: looking again"
+
+
+def tail_bounded(judgement: Judgement) -> bool:
+    """Whether the judgement shows the canary's share of requests slower than the baseline's
+    p99 at most :data:`~rollouts.canary.judge.SHARE_HOLD_PCT` above the baseline's own (true
+    when the look has no such metric: all the traffic on one version)."""
+    share = next((m for m in judgement.metrics if m.name == "tail99"), None)
+    return share is None or (share.high is not None and share.high <= SHARE_HOLD)
 
 
 def bake_look(samples: Sequence[Any], start: float, now: float, config: dict[str, Any]) -> Judgement:

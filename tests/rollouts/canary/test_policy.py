@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
+
 from rollouts.canary import policy
-from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, Judgement
+from rollouts.canary.arms import Arm
+from rollouts.canary.judge import FAIL, INCONCLUSIVE, PASS, JudgeConfig, Judgement, judge
 
 OPEN = Judgement(INCONCLUSIVE, False, ["median: not yet shown within"], 500, 9000, 0.0167, 1.0)
 WITHIN = replace(OPEN, within=True, reasons=["every metric is within its tolerance"])
@@ -66,3 +69,42 @@ def test_capped_evidence_is_cut_to_the_same_span_on_both_sides_and_said(settings
     assert [s.t for s in c] == [100.0, 150.0, 190.0] and [s.t for s in b] == [120.0]
     assert "the evidence starts 100 s ago, not 190" in why
     assert same_span(canary[:2], baseline[:2], since=10.0, now=200.0)[2] == ""
+
+
+
+def _tail_heavier(rng, n):
+    """Whole-millisecond latencies around 5 ms whose slowest hundredth is 15% slower (from
+    p96.5 up), the median and p95 unchanged: on whole milliseconds more than twice the
+    baseline's share ends past its p99."""
+    z = rng.standard_normal(n)
+    ramp = np.clip((z - 1.81) / (2.326 - 1.81), 0, None)
+    return np.floor(5.0 * np.exp(0.3 * z) * (1 + 0.15 * ramp) + rng.random(n))
+
+
+def _same(rng, n):
+    return np.floor(5.0 * np.exp(0.3 * rng.standard_normal(n)) + rng.random(n))
+
+
+def test_the_last_step_holds_a_pass_until_the_share_past_the_baselines_p99_is_bounded():
+    """A canary whose slowest hundredth grew slower has its median and errors within before
+    the share past the baseline's p99 is shown beyond its tolerance: the last analysis step
+    keeps collecting (an earlier one goes on), and the share then fails it. An identical
+    version's share is bounded at twice the baseline's within the plan, and it passes."""
+    rng = np.random.default_rng(4)
+    baseline = Arm(_same(rng, 40000), 0, 0)
+    early = judge(Arm(_tail_heavier(rng, 3000), 0, 0), baseline, JudgeConfig())
+    share = next(m for m in early.metrics if m.name == "tail99")
+    assert early.within and early.verdict != FAIL and share.state == "open", early.reasons
+    assert not policy.tail_bounded(early)
+    ended, why = end(early)
+    assert ended == policy.RUNNING and "twice the baseline's" in why, why
+    assert end(early, last=False)[0] == PASS
+    assert end(early, shadow=True)[0] == PASS
+    assert end(early, planned_samples=3000)[0] == INCONCLUSIVE
+
+    later = judge(Arm(_tail_heavier(rng, 6000), 0, 0), baseline, JudgeConfig())
+    assert end(later)[0] == FAIL, later.reasons
+
+    same = judge(Arm(_same(rng, 12000), 0, 0), baseline, JudgeConfig())
+    assert same.within and policy.tail_bounded(same), same.reasons
+    assert end(same)[0] == PASS
