@@ -89,8 +89,9 @@ EXPECTED = {
     "fleet": 11,
     "fleet servers (live)": 9,  # with the servers counted and at most LIVE_ROWS of them read
     # session, user, memberships; deployments in use and archived (counts: a few hundred
-    # rows at most), the page, its servers
-    "deployments": 7,
+    # rows at most), the page, its servers; whether each one's servers agree (their servers
+    # with their kind, their loads)
+    "deployments": 9,
     # session, user, memberships; the filters' vocabulary (newest 5,000), the page, the
     # count up to 1,001, tenants
     "audit log": 7,
