@@ -54,6 +54,7 @@ def _form_urls() -> dict[str, set[str]]:
         "DeploymentForm": {"rollouts:deployment-create", "rollouts:deployment-edit"},
         "DeploymentDeleteForm": {"rollouts:deployment-delete"},
         "DeploymentLoadForm": {"rollouts:deployment-load"},
+        "ConvergeForm": {"rollouts:deployment-converge"},
         "RouteForm": {"rollouts:deployment-route"},
         "RouteDefaultForm": {"rollouts:deployment-route-default"},
         "RouteRemoveForm": {"rollouts:deployment-route-remove"},
