@@ -22,7 +22,11 @@ from console.exceptions import DomainError
 from fleet.models import InferenceServer
 from rollouts.canary import abtest, clustered, judge, metrics, policy
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
-from rollouts.traffic import sample_types, samples
+from rollouts.traffic import sample_types, samples, window_cache
+from rollouts.traffic.columns import Columns, ended_since
+
+# One side's samples: a list of them, or their columns.
+Sided = list[sample_types.Sample] | Columns
 
 log = logging.getLogger(__name__)
 Verdict = RolloutAnalysis.Verdict
@@ -130,8 +134,7 @@ def samples_by_version(rollout: Rollout, seconds: float, *, mirror: bool = False
     """The route's samples of the last ``seconds``, by version (with ``mirror``, the copies
     mirrored to each); and the time they were read."""
     now = time.time()
-    route = Route.objects.filter(pk=rollout.deployment_id).first()
-    meaning = route.variants if route is not None else {}
+    meaning = _variants_meaning(rollout)
     by_version: dict[int, list[sample_types.Sample]] = {}
     for variant, found in samples.window(rollout.deployment_id, seconds, mirror=mirror,
                                          now=now).items():
@@ -139,6 +142,27 @@ def samples_by_version(rollout: Rollout, seconds: float, *, mirror: bool = False
         if number is not None:
             by_version.setdefault(int(number), []).extend(found)
     return by_version, now
+
+
+def columns_by_version(rollout: Rollout, since: float) -> tuple[dict[int, Columns], float]:
+    """The route's samples from ``since`` (epoch s) on, by version, as columns, read through
+    this worker's :data:`~rollouts.traffic.window_cache.CACHE`: a look reads from Redis and
+    parses only the samples that arrived since this worker's previous look at the route; and
+    the time they were read."""
+    now = time.time()
+    meaning = _variants_meaning(rollout)
+    parts: dict[int, list[Columns]] = {}
+    for variant, found in window_cache.CACHE.window(rollout.deployment_id, min(since, now),
+                                                    now=now).items():
+        number = (meaning.get(variant) or {}).get("version")
+        if number is not None:
+            parts.setdefault(int(number), []).append(found)
+    return {number: Columns.joined(found) for number, found in parts.items()}, now
+
+
+def _variants_meaning(rollout: Rollout) -> dict[str, Any]:
+    route = Route.objects.filter(pk=rollout.deployment_id).first()
+    return route.variants if route is not None else {}
 
 
 def health_problem(rollout: Rollout, watched: list[ModelVersion]) -> tuple[str, dict[str, Any]] | None:
@@ -241,8 +265,9 @@ def shadow_pairs(copies: list[sample_types.Sample], originals: list[sample_types
     return [c for c, _ in matched], [b for _, b in matched]
 
 
-def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types.Sample],
-         baseline: list[sample_types.Sample], now: float, *,
+def look(row: RolloutAnalysis, config: dict[str, Any],
+         canary: list[sample_types.Sample] | Columns,
+         baseline: list[sample_types.Sample] | Columns, now: float, *,
          windows: list[policy.StepWindow], last: bool = True, shadow: bool = False) -> str:
     """One look of a running analysis at the requests of the candidate and the baseline
     (read at ``now``, from the start of ``windows`` on), recorded on ``row``. Returns the
@@ -252,7 +277,9 @@ def look(row: RolloutAnalysis, config: dict[str, Any], canary: list[sample_types
     within ``inconclusive_limit`` (the evidence starts afresh either way). With all the traffic on the
     candidate there is no baseline to compare with, and the SLO gates alone decide. With
     ``shadow``, ``canary`` are the copies mirrored to the candidate, judged each against the
-    baseline's answer to the same request (:func:`rollouts.canary.judge.judge_pairs`)."""
+    baseline's answer to the same request (:func:`rollouts.canary.judge.judge_pairs`). The
+    samples come as lists of samples or as :class:`~rollouts.traffic.columns.Columns` (a
+    shadow's as lists: they are paired by request id)."""
     canary, baseline, kept = same_span(canary, baseline, windows[0].start, now)
     evidence = policy.evidence(canary, windows)
     recent: dict[str, Any] = {}
@@ -323,8 +350,7 @@ def _metric_gates(row: RolloutAnalysis, config: dict[str, Any], ended: str, head
     return ended, headline, rows
 
 
-def same_span(canary: list[sample_types.Sample], baseline: list[sample_types.Sample],
-              since: float, now: float) -> tuple[list[sample_types.Sample], list[sample_types.Sample], str]:
+def same_span(canary: Sided, baseline: Sided, since: float, now: float) -> tuple[Sided, Sided, str]:
     """Both sides over the same span of time: where one side's kept samples are capped
     (``SWITCHYARD_SAMPLES_MAX_PER_VARIANT``) the other is cut to match, so no request is
     compared with one of another time; and, when the evidence wanted (from ``since``) is
@@ -333,13 +359,13 @@ def same_span(canary: list[sample_types.Sample], baseline: list[sample_types.Sam
     cap, keep = samples.max_per_variant(), samples.keep_s()
     start = now - keep
     for side in (canary, baseline):
-        if side and len(side) >= cap:
-            start = max(start, side[0].t)
+        if len(side) and len(side) >= cap:
+            start = max(start, float(side.t.min()) if isinstance(side, Columns) else side[0].t)
     if start <= since:
         return canary, baseline, ""
     reason = (f"the evidence starts {now - start:.0f} s ago, not {now - since:.0f}: older "
               f"requests are no longer kept ({cap} a version at most, for {keep} s)")
-    return ([s for s in canary if s.t >= start], [s for s in baseline if s.t >= start], reason)
+    return ended_since(canary, start), ended_since(baseline, start), reason
 
 
 def gates_json(judgement: judge.Judgement) -> dict[str, Any]:

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-TIMEOUT_STATUSES = frozenset({408, 499})
+from rollouts.traffic.columns import Columns
+
+TIMEOUT_STATUSES = (408, 499)
 
 
 @dataclass(frozen=True)
@@ -31,33 +33,25 @@ class Arm:
         return len(self.latencies) + self.errors + self.client_errors
 
     @classmethod
-    def of(cls, samples: Sequence[Any], *, upstream: bool = False) -> Arm:
-        """From route samples (``rollouts.traffic.sample_types.Sample``); with ``upstream``,
-        the latencies are the servers' own times (``upstream_ms``), which a mirrored copy and
-        its original are both measured in."""
-        answered: list[float] = []
-        ttft: list[float] = []
-        generation: list[float] = []
-        errors = client = 0
-        for s in samples:
-            own = s.upstream_ms if upstream else s.latency_ms
-            if is_failure(s.status, s.upstream_failed):
-                errors += 1
-                if is_timeout(s.status, s.upstream_status) and s.latency_ms is not None:
-                    answered.append(s.latency_ms if own is None else own)
-                continue
-            if s.status >= 400:
-                client += 1
-                continue
-            if own is not None:
-                answered.append(own)
-            header = getattr(s, "header_ms", None)
-            if getattr(s, "stream", False) and header is not None:
-                ttft.append(header)
-                if s.upstream_ms is not None:
-                    generation.append(max(s.upstream_ms - header, 0.0))
-        return cls(np.asarray(answered, dtype=float), errors, client,
-                   np.asarray(ttft, dtype=float), np.asarray(generation, dtype=float))
+    def of(cls, samples: Sequence[Any] | Columns, *, upstream: bool = False) -> Arm:
+        """From route samples (``rollouts.traffic.sample_types.Sample``, or their
+        :class:`~rollouts.traffic.columns.Columns`); with ``upstream``, the latencies are the
+        servers' own times (``upstream_ms``), which a mirrored copy and its original are both
+        measured in."""
+        c = samples if isinstance(samples, Columns) else Columns.of(samples)
+        own = c.upstream if upstream else c.latency
+        timeouts = np.isin(c.status, TIMEOUT_STATUSES)
+        failed = (c.status >= 500) | c.upstream_failed | timeouts
+        # A timed-out request was at least as slow as it waited: counted slow, not dropped.
+        timed = failed & (timeouts | (c.status == 504) | c.upstream_timeout) & ~np.isnan(c.latency)
+        ok = ~failed & (c.status < 400)
+        answered = (ok & ~np.isnan(own)) | timed
+        latencies = np.where(timed & np.isnan(own), c.latency, own)[answered]
+        streamed = ok & c.stream & ~np.isnan(c.header)
+        generated = streamed & ~np.isnan(c.upstream)
+        return cls(latencies, int(failed.sum()), int((~failed & (c.status >= 400)).sum()),
+                   c.header[streamed],
+                   np.maximum(c.upstream[generated] - c.header[generated], 0.0))
 
 
 def is_timeout(status: int, upstream_status: str = "") -> bool:

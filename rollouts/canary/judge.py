@@ -56,6 +56,7 @@ import numpy as np
 
 from rollouts.canary import sequential
 from rollouts.canary.arms import Arm
+from rollouts.traffic.columns import Columns, ended_since
 
 PASS = "pass"
 FAIL = "fail"
@@ -521,15 +522,16 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
                      baseline.total if baseline else 0, alpha, step, metrics, gates, client)
 
 
-def judge_samples(canary: Sequence[Any], baseline: Sequence[Any] | None,
+def judge_samples(canary: Sequence[Any] | Columns, baseline: Sequence[Any] | Columns | None,
                   config: JudgeConfig, *, recent_from: float | None = None, block: int = 1,
                   seconds: float = 0.0) -> Judgement:
-    """:func:`judge` over route samples (``rollouts.traffic.sample_types.Sample``); with
+    """:func:`judge` over route samples (``rollouts.traffic.sample_types.Sample``, or their
+    :class:`~rollouts.traffic.columns.Columns`); with
     ``recent_from``, the requests from then on are the current block (:class:`Recent`)."""
     recent = None
     if recent_from is not None and baseline is not None:
-        recent = Recent(Arm.of([s for s in canary if s.t >= recent_from]),
-                        Arm.of([s for s in baseline if s.t >= recent_from]), block, seconds)
+        recent = Recent(Arm.of(ended_since(canary, recent_from)),
+                        Arm.of(ended_since(baseline, recent_from)), block, seconds)
     return judge(Arm.of(canary), Arm.of(baseline) if baseline is not None else None, config,
                  recent)
 

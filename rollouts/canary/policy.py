@@ -32,6 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from rollouts.canary.arms import Arm
 from rollouts.canary.judge import (
     FAIL,
@@ -43,6 +45,7 @@ from rollouts.canary.judge import (
     block_alpha,
     judge,
 )
+from rollouts.traffic.columns import Columns
 
 RUNNING = "running"
 SHARE_HOLD = math.log1p(SHARE_HOLD_PCT / 100)
@@ -151,9 +154,15 @@ def recent_block(windows: Sequence[StepWindow], now: float, seconds: float) -> t
     return first + (block - 1) * seconds, block
 
 
-def evidence(samples: Iterable[Any], windows: Sequence[StepWindow]) -> list[Any]:
-    """The samples (anything with a finish time ``t``) inside one of the windows, past its
-    warm-up."""
+def evidence(samples: Iterable[Any] | Columns, windows: Sequence[StepWindow]) -> list[Any] | Columns:
+    """The samples (anything with a finish time ``t``, or columns of them) inside one of the
+    windows, past its warm-up."""
+    if isinstance(samples, Columns):
+        inside = np.zeros(len(samples), dtype=bool)
+        for w in windows:
+            inside |= (samples.t >= w.start + w.warmup_s) & (
+                samples.t < (math.inf if w.end is None else w.end))
+        return samples.where(inside)
     return [s for s in samples if any(w.holds(s.t) for w in windows)]
 
 

@@ -116,8 +116,12 @@ def _look(rollout: Rollout, config: dict[str, Any], row: RolloutAnalysis, *,
     windows = analysis.evidence_windows(row, config)
     seconds = max(time.time() - windows[0].start, 0.001)
     try:
-        by_version, now = analysis.samples_by_version(rollout, seconds)
-        copies = analysis.samples_by_version(rollout, seconds, mirror=True)[0] if shadow else {}
+        if shadow:  # copies are paired with their originals by request id: as samples
+            by_version, now = analysis.samples_by_version(rollout, seconds)
+            copies = analysis.samples_by_version(rollout, seconds, mirror=True)[0]
+        else:
+            by_version, now = analysis.columns_by_version(rollout, windows[0].start)
+            copies = {}
     except Exception as exc:
         record_event(rollout, Kind.ERROR, f"cannot read the route's samples: {exc}")
         return False

@@ -98,7 +98,7 @@ def _prefix() -> str:
     return f"{settings.SWITCHYARD_REDIS_PREFIX}:samples"
 
 
-def _key(deployment_id: int, variant: str, mirror: bool) -> str:
+def key(deployment_id: int, variant: str, mirror: bool) -> str:
     return f"{_prefix()}:{deployment_id}:{'m' if mirror else 'p'}:{variant}"
 
 
@@ -286,11 +286,11 @@ def record(
     store = store or connect()
     pipe = store.pipeline(transaction=False)
     for (deployment_id, variant, mirror), members in grouped.items():
-        key = _key(deployment_id, variant, mirror)
-        pipe.zadd(key, members)
-        pipe.zremrangebyscore(key, "-inf", f"({oldest}")
-        pipe.zremrangebyrank(key, 0, -cap - 1)
-        pipe.expire(key, keep)
+        name = key(deployment_id, variant, mirror)
+        pipe.zadd(name, members)
+        pipe.zremrangebyscore(name, "-inf", f"({oldest}")
+        pipe.zremrangebyrank(name, 0, -cap - 1)
+        pipe.expire(name, keep)
         index = _index_key(deployment_id)
         pipe.zadd(index, {f"{'m' if mirror else 'p'}:{variant}": now})
         pipe.zremrangebyscore(index, "-inf", f"({oldest}")
@@ -326,7 +326,8 @@ def collector_stats(store: redis.Redis | None = None) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _variants(store: redis.Redis, deployment_id: int, since: float) -> list[tuple[str, bool]]:
+def variants(store: redis.Redis, deployment_id: int, since: float) -> list[tuple[str, bool]]:
+    """The (variant, mirror) pairs with samples from ``since`` on, from the route's index."""
     found = []
     for raw in store.zrangebyscore(_index_key(deployment_id), since, "+inf"):
         kind, _, variant = raw.decode().partition(":")
@@ -337,10 +338,10 @@ def _variants(store: redis.Redis, deployment_id: int, since: float) -> list[tupl
 def _read(store: redis.Redis, deployment_id: int, since: float,
           mirror: bool | None) -> dict[tuple[str, bool], list[Sample]]:
     """Samples from ``since`` on (a clock a little ahead of ours included)."""
-    pairs = [p for p in _variants(store, deployment_id, since) if mirror is None or p[1] == mirror]
+    pairs = [p for p in variants(store, deployment_id, since) if mirror is None or p[1] == mirror]
     pipe = store.pipeline(transaction=False)
     for variant, is_mirror in pairs:
-        pipe.zrangebyscore(_key(deployment_id, variant, is_mirror), since, "+inf")
+        pipe.zrangebyscore(key(deployment_id, variant, is_mirror), since, "+inf")
     out = {}
     for (variant, is_mirror), raws in zip(pairs, pipe.execute(), strict=True):
         samples = [Sample.from_member(raw, deployment_id, variant, is_mirror) for raw in raws]
