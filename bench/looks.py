@@ -1,0 +1,244 @@
+"""Looks bench: how many canary analysis looks one worker process makes a second, with 100
+rollouts in flight on busy routes.
+
+    python bench/looks.py [--rollouts 100] [--rate 75] [--history 150] [--rounds 10] [--json]
+
+Everything it uses is real except the traffic: a temporary SQLite database (migrated quietly)
+with a deployment, a route, two versions, a rollout at its last analysis step (50% on the
+candidate) and its analysis row for each of ``--rollouts`` rollouts; Redis at ``REDIS_URL``
+(default redis://127.0.0.1:6379/0), under a key prefix of its own that is deleted at the end.
+
+The route samples are what the collector would write (``rollouts.traffic.samples.record``,
+untimed): ``--history`` seconds of ``--rate`` requests a second per route before the first
+round (the analysis step has been running that long), then each round adds one more second
+to every route (all that passed since the last write: the traffic never pauses) and looks
+once at every rollout, as a reconcile tick does:
+``analysis.evidence_windows`` (a query), the samples of the window by version, and
+``analysis.look`` (the judge, the step's end, one UPDATE of the row). Two ways are timed, each
+over the same rounds:
+
+* **cached**: ``analysis.columns_by_version``, what the worker does now: the samples as
+  columns, read from Redis and parsed only since this process's previous look at the route
+  (``rollouts.traffic.window_cache``);
+* **full**: ``analysis.samples_by_version``, the whole window read and parsed into sample
+  objects at every look (as every look did before the cache).
+
+Per way: looks a second (one process: rollouts / the round's wall time), CPU ms per look
+(``time.process_time``: this process's own, which is what a worker core spends; Redis runs
+apart) and samples parsed per look. Goal (issue 25): 100 rollouts looked at every second,
+at least 100 looks a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)  # noqa: T201
+
+
+def setup(tmp: Path, redis_url: str) -> str:
+    prefix = f"switchyard-bench-looks-{uuid.uuid4().hex[:8]}"
+    os.environ.update({
+        "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}", "REDIS_URL": redis_url,
+        "SWITCHYARD_REDIS_PREFIX": prefix, "DJANGO_SETTINGS_MODULE": "console.settings",
+        "SWITCHYARD_LOG_LEVEL": "WARNING",
+    })
+    sys.path.insert(0, str(REPO_ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+    return prefix
+
+
+def seed_rows(count: int, started: float) -> list[tuple[Any, dict[str, Any], Any]]:
+    """``count`` rollouts at their last analysis step, each with its route and analysis row."""
+    from fleet.models import Cluster, Tenant
+    from rollouts.canary import analysis
+    from rollouts.models import (
+        Deployment,
+        Model,
+        ModelVersion,
+        Rollout,
+        RolloutAnalysis,
+        Route,
+    )
+
+    tenant = Tenant.objects.create(slug="bench", name="Bench")
+    cluster = Cluster.objects.create(name=f"bench-{uuid.uuid4().hex[:6]}", kind=Cluster.Kind.LOCAL)
+    out = []
+    for i in range(count):
+        model = Model.objects.create(tenant=tenant, name=f"model-{i}")
+        v1, v2 = (ModelVersion.objects.create(
+            model=model, version=n, artifact_uri=f"s3://bench/{i}/{n}.tar.gz", sha256="0" * 64,
+            size_bytes=1, runtime=ModelVersion.Runtime.TRITON) for n in (1, 2))
+        deployment = Deployment.objects.create(tenant=tenant, name=f"dep-{i}", model=model,
+                                               cluster=cluster)
+        Route.objects.create(deployment=deployment, name=f"dep-{i}", url="http://127.0.0.1:1",
+                             state=Route.State.IN_FORCE,
+                             variants={"v1": {"version": 1}, "v2": {"version": 2}})
+        rollout = Rollout.objects.create(
+            tenant=tenant, deployment=deployment, baseline=v1, candidate=v2,
+            state=Rollout.State.PROGRESSING, steps=[{"set_weight": 50}, {"analysis": {}}],
+            step_index=1, weights={"1": 50, "2": 50})
+        config = analysis.analysis_config(rollout)
+        row = analysis.analysis_row(rollout, config)
+        RolloutAnalysis.objects.filter(pk=row.pk).update(window_start=started, weight=50)
+        row.refresh_from_db()
+        out.append((rollout, config, row))
+    return out
+
+
+def traffic(deployment_ids: list[int], start: float, seconds: float, rate: float,
+            rng: np.random.Generator) -> None:
+    """``seconds`` of requests from ``start`` on every route, half to each version, written
+    as the collector writes them."""
+    from rollouts.traffic import samples
+
+    lines = []
+    for dep in deployment_ids:
+        n = int(rng.poisson(rate * seconds))
+        ends = np.sort(start + seconds * rng.random(n))
+        latency = np.floor(5.0 * np.exp(0.3 * rng.standard_normal(n)) + rng.random(n)) / 1000
+        for j, (t, lat) in enumerate(zip(ends, latency, strict=True)):
+            variant = "v1" if j % 2 else "v2"
+            lines.append(json.dumps({
+                "time": "t", "msec": round(float(t), 3), "route": f"dep-{dep}",
+                "variant": variant, "mirror": False, "method": "POST",
+                "path": "/v2/models/m/infer", "status": 200, "upstream_addr": "127.0.0.1:1",
+                "upstream_status": "200", "upstream_response_time": f"{max(lat - 0.0005, 0):.3f}",
+                "request_time": round(float(lat), 3), "bytes_sent": 120,
+                "request_id": uuid.uuid4().hex}).encode())
+    for i in range(0, len(lines), 5000):
+        result = samples.record(lines[i:i + 5000], now=start + seconds)
+        if result.counts["stored"] != len(lines[i:i + 5000]):
+            raise SystemExit(f"the samples were not all stored: {dict(result.counts)}")
+
+
+def one_round(rows: list, cached: bool) -> tuple[float, float, int]:
+    """Look once at every rollout; (wall s, CPU s, samples parsed from Redis)."""
+    from rollouts.canary import analysis
+    from rollouts.traffic import window_cache
+
+    parsed, full = window_cache.CACHE.parsed, 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    for rollout, config, row in rows:
+        windows = analysis.evidence_windows(row, config)
+        if cached:  # as rollouts.canary.steps does
+            by_version, now = analysis.columns_by_version(rollout, windows[0].start)
+        else:
+            by_version, now = analysis.samples_by_version(
+                rollout, max(time.time() - windows[0].start, 0.001))
+        full += 0 if cached else sum(len(found) for found in by_version.values())
+        analysis.look(row, config, by_version.get(2, []), by_version.get(1, []), now,
+                      windows=windows, last=True)
+    return (time.perf_counter() - wall, time.process_time() - cpu,
+            window_cache.CACHE.parsed - parsed + full)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    from rollouts.traffic import window_cache
+
+    rng = np.random.default_rng(0)
+    now = time.time()
+    started = now - args.history
+    rows = seed_rows(args.rollouts, started)
+    deps = [rollout.deployment_id for rollout, _, _ in rows]
+    say(f"writing {args.history:g} s of {args.rate:g} requests/s on {len(deps)} routes…")
+    traffic(deps, started, args.history, args.rate, rng)
+    written = started + args.history
+    out: dict[str, Any] = {"rollouts": args.rollouts, "rate": args.rate,
+                           "history_s": args.history, "rounds": args.rounds}
+    for way in ("cached", "full"):
+        window_cache.CACHE.clear()
+        one_round(rows, way == "cached")  # a worker's first look at a route reads it whole
+        walls, cpus, parsed = [], [], []
+        for _ in range(args.rounds):
+            time.sleep(max(0.0, written + 1.0 - time.time()))  # a tick a second at most
+            tick = time.time()
+            traffic(deps, written, tick - written, args.rate, rng)  # what passed since
+            written = tick
+            wall, cpu, read = one_round(rows, way == "cached")
+            walls.append(wall)
+            cpus.append(cpu)
+            parsed.append(read / len(rows))
+        out[way] = {
+            "looks_per_s": round(len(rows) / statistics.median(walls), 1),
+            "cpu_ms_per_look": round(1000 * statistics.median(cpus) / len(rows), 2),
+            "wall_s_per_round": round(statistics.median(walls), 3),
+            "parsed_per_look": round(statistics.median(parsed), 1),
+        }
+        say(f"  {way}: {out[way]}")
+    out["speedup"] = round(out["cached"]["looks_per_s"] / out["full"]["looks_per_s"], 1)
+    out["cpus"] = os.cpu_count()
+    out["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def cleanup(prefix: str) -> None:
+    from rollouts.traffic import samples
+
+    store = samples.connect()
+    for name in store.scan_iter(f"{prefix}:*", count=1000):
+        store.delete(name)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    say("")
+    print(f"{result['rollouts']} rollouts at their last analysis step, 50% on the candidate; "  # noqa: T201
+          f"{result['rate']:g} requests/s a route, {result['history_s']:g} s of history; "
+          f"{result['rounds']} rounds; one process; {result['cpus']} CPUs, load "
+          f"{result['loadavg']}")
+    print(f"{'':28}{'cached':>10}{'full':>10}")  # noqa: T201
+    for key, label in (("looks_per_s", "looks a second"), ("cpu_ms_per_look", "CPU ms a look"),
+                       ("wall_s_per_round", "s a round (every rollout)"),
+                       ("parsed_per_look", "samples parsed a look")):
+        print(f"{label:28}{result['cached'][key]:>10}{result['full'][key]:>10}")  # noqa: T201
+    goal = result["cached"]["looks_per_s"] >= 100
+    print(f"\n  {'met ' if goal else 'MISS'} looks a second >= 100 (cached, one process)")  # noqa: T201
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=75.0, help="requests a second a route")
+    parser.add_argument("--history", type=float, default=150.0,
+                        help="seconds the analysis has run before the first round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    args = parser.parse_args(argv)
+    if not (1 <= args.rollouts <= 1000 and 1 <= args.rate <= 1000 and 10 <= args.history <= 3600
+            and 1 <= args.rounds <= 100):
+        parser.error("--rollouts 1-1000, --rate 1-1000, --history 10-3600, --rounds 1-100")
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    with tempfile.TemporaryDirectory(prefix="switchyard-bench-looks-") as tmp:
+        prefix = setup(Path(tmp), redis_url)
+        try:
+            result = bench(args)
+        finally:
+            cleanup(prefix)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))  # noqa: T201
+    else:
+        print_table(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
