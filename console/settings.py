@@ -205,6 +205,9 @@ SWITCHYARD_SCRAPE_TIMEOUT_S = env_float("SWITCHYARD_SCRAPE_TIMEOUT_S", 0.8, mini
 # scrape_tick.py, and health probes, fleet/inventory/health.py): one task each per tick, which
 # any worker takes under a lease in Redis.
 SWITCHYARD_SHARDS = env_int("SWITCHYARD_SHARDS", 4, minimum=1)
+# Route samples a worker process keeps between canary looks (about 50 bytes each): 100
+# rollouts at 20,000 canary requests and as many baseline ones fit.
+SWITCHYARD_LOOK_CACHE_ROWS = env_int("SWITCHYARD_LOOK_CACHE_ROWS", 4_000_000, minimum=0)
 # Prefix of every Redis key Switchyard writes besides the Celery broker's (one Redis may serve
 # several installations).
 SWITCHYARD_REDIS_PREFIX = env_str("SWITCHYARD_REDIS_PREFIX", "switchyard")

@@ -102,7 +102,8 @@ def key(deployment_id: int, variant: str, mirror: bool) -> str:
     return f"{_prefix()}:{deployment_id}:{'m' if mirror else 'p'}:{variant}"
 
 
-def _index_key(deployment_id: int) -> str:
+def index_key(deployment_id: int) -> str:
+    """The sorted set of a route's (kind, variant) pairs, scored by their last write."""
     return f"{_prefix()}:{deployment_id}:variants"
 
 
@@ -291,7 +292,7 @@ def record(
         pipe.zremrangebyscore(name, "-inf", f"({oldest}")
         pipe.zremrangebyrank(name, 0, -cap - 1)
         pipe.expire(name, keep)
-        index = _index_key(deployment_id)
+        index = index_key(deployment_id)
         pipe.zadd(index, {f"{'m' if mirror else 'p'}:{variant}": now})
         pipe.zremrangebyscore(index, "-inf", f"({oldest}")
         pipe.expire(index, keep)
@@ -329,7 +330,7 @@ def collector_stats(store: redis.Redis | None = None) -> dict[str, float]:
 def variants(store: redis.Redis, deployment_id: int, since: float) -> list[tuple[str, bool]]:
     """The (variant, mirror) pairs with samples from ``since`` on, from the route's index."""
     found = []
-    for raw in store.zrangebyscore(_index_key(deployment_id), since, "+inf"):
+    for raw in store.zrangebyscore(index_key(deployment_id), since, "+inf"):
         kind, _, variant = raw.decode().partition(":")
         found.append((variant, kind == "m"))
     return sorted(found)

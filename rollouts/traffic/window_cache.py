@@ -17,8 +17,8 @@ second). The answer is the same as a fresh read of the window
 
 Each worker process holds its own (rollouts are looked at by whichever worker takes the
 tick; a worker that has not seen a rollout reads its window whole once). It holds at most
-:data:`MAX_ROWS` samples in all (about 64 bytes each), forgetting the windows used least
-recently first."""
+``SWITCHYARD_LOOK_CACHE_ROWS`` samples in all (about 50 bytes each), forgetting the windows
+used least recently first; a window larger than that alone is read whole at every look."""
 
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ from rollouts.traffic import samples
 from rollouts.traffic.columns import Columns
 
 LATE_S = 5.0
-MAX_ROWS = 1_000_000
 
 
 @dataclass
@@ -52,8 +51,8 @@ class _Held:
 class WindowCache:
     """Windows of route samples by (deployment, mirror), as columns per variant."""
 
-    def __init__(self, max_rows: int = MAX_ROWS) -> None:
-        self.max_rows = max_rows
+    def __init__(self, max_rows: int | None = None) -> None:
+        self._max_rows = max_rows
         self._held: OrderedDict[tuple[int, bool], _Held] = OrderedDict()
         self._lock = threading.Lock()
         self.parsed = 0  # samples parsed from Redis members, for tests and the bench
@@ -116,8 +115,10 @@ class WindowCache:
         return out
 
     def _trim(self) -> None:
+        limit = (self._max_rows if self._max_rows is not None
+                 else settings.SWITCHYARD_LOOK_CACHE_ROWS)
         total = sum(h.rows for h in self._held.values())
-        while total > self.max_rows and len(self._held) > 1:
+        while total > limit and self._held:
             _, dropped = self._held.popitem(last=False)
             total -= dropped.rows
 

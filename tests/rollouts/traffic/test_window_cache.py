@@ -173,3 +173,13 @@ def reference_arm(found: list, upstream: bool) -> Arm:
                     generation.append(max(s.upstream_ms - s.header_ms, 0.0))
     return Arm(np.asarray(answered, dtype=float), errors, client,
                np.asarray(ttft, dtype=float), np.asarray(generation, dtype=float))
+
+
+def test_with_no_rows_to_keep_every_look_reads_the_window_whole(settings):
+    settings.SWITCHYARD_LOOK_CACHE_ROWS = 0
+    cache = WindowCache()
+    now = time.time()
+    samples.record([line(now - 5 + i / 100, i) for i in range(100)], now=now)
+    check(cache, 60, now)
+    check(cache, 60, now + 0.5)
+    assert cache.parsed == 200
