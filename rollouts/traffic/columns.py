@@ -45,13 +45,15 @@ class Columns:
         if not rows:
             return EMPTY
         t, latency, upstream, status, up_status, header, stream = zip(*rows, strict=True)
-        codes = [status_codes(text) for text in up_status]
+        # A route's answers have few distinct upstream statuses: each is split once.
+        failed = {text: (not (c := status_codes(text)) or any(code >= 500 for code in c))
+                  for text in set(up_status)}
         return cls(
             np.asarray(t, dtype=float),
             np.asarray([NAN if v is None else v for v in latency], dtype=float),
             np.asarray([NAN if v is None else v for v in upstream], dtype=float),
             np.asarray(status, dtype=np.int32),
-            np.asarray([not c or any(code >= 500 for code in c) for c in codes], dtype=bool),
+            np.asarray([failed[text] for text in up_status], dtype=bool),
             np.asarray(["504" in text for text in up_status], dtype=bool),
             np.asarray([NAN if v is None else v for v in header], dtype=float),
             np.asarray(stream, dtype=bool),

@@ -57,6 +57,7 @@ class WindowCache:
         self._lock = threading.Lock()
         self.parsed = 0  # samples parsed from Redis members, for tests and the bench
         self._client: tuple[str, redis.Redis] | None = None
+        self._rows = 0  # samples held in all
 
     def _store(self) -> redis.Redis:
         """This process's client (its connections kept between looks), made again when the
@@ -77,6 +78,7 @@ class WindowCache:
         key = (deployment_id, mirror)
         with self._lock:
             held = self._held.pop(key, None)
+            self._rows -= held.rows if held is not None else 0
         if held is not None and (held.since > since or now < held.read_at):
             held = None
         cutoff = since if held is None else max(held.read_at - LATE_S, since)
@@ -111,20 +113,21 @@ class WindowCache:
                 held_now[variant] = (fresh, scores)
         with self._lock:
             self._held[key] = _Held(since, now, held_now)
+            self._rows += self._held[key].rows
             self._trim()
         return out
 
     def _trim(self) -> None:
         limit = (self._max_rows if self._max_rows is not None
                  else settings.SWITCHYARD_LOOK_CACHE_ROWS)
-        total = sum(h.rows for h in self._held.values())
-        while total > limit and self._held:
+        while self._rows > limit and self._held:
             _, dropped = self._held.popitem(last=False)
-            total -= dropped.rows
+            self._rows -= dropped.rows
 
     def clear(self) -> None:
         with self._lock:
             self._held.clear()
+            self._rows = 0
 
 
 CACHE = WindowCache()
