@@ -6,36 +6,21 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from fleet.models import AuditEvent
 from rollouts.models import Deployment, ModelLoad
 from tests.factories import (
-    ClusterFactory,
     DeploymentFactory,
-    InferenceServerFactory,
-    ModelFactory,
-    ModelVersionFactory,
 )
+from tests.rollouts.deployments.split_world import H1, H2, split_deployment
 
 State = ModelLoad.State
-H1, H2 = "1" * 64, "2" * 64
 
 
 @pytest.fixture
 def split(tenant_a):
     """Tenant A's deployment on two servers running v1 with two configs."""
-    cluster = ClusterFactory(name="c")
-    servers = [InferenceServerFactory(cluster=cluster, name=f"triton-{i}") for i in (1, 2)]
-    model = ModelFactory(tenant=tenant_a, name="scorer")
-    deployment = DeploymentFactory(model=model, cluster=cluster, name="scorer")
-    deployment.servers.set(servers)
-    v1 = ModelVersionFactory(model=model, version=1)
-    for server, config_hash in zip(servers, (H1, H2), strict=True):
-        ModelLoad.objects.create(tenant=tenant_a, deployment=deployment, server=server, version=v1,
-                                 state=State.READY, config_hash=config_hash,
-                                 ready_at=timezone.now(), requested_by_label="seed")
-    return deployment
+    return split_deployment(tenant_a)
 
 
 def test_deployments_say_whether_their_servers_agree(split, client_for, bob):

@@ -8,38 +8,21 @@ import re
 import pytest
 from django.test import Client
 from django.urls import reverse
-from django.utils import timezone
 
 from fleet.models import AuditEvent
 from rollouts.models import Deployment, ModelLoad
 from tests.factories import (
-    ClusterFactory,
     DeploymentFactory,
-    InferenceServerFactory,
-    ModelFactory,
-    ModelVersionFactory,
 )
+from tests.rollouts.deployments.split_world import H1, H2, split_deployment
 
 State = ModelLoad.State
-H1, H2 = "1" * 64, "2" * 64
 
 
 @pytest.fixture
 def split(tenant_a):
     """Tenant A's deployment on two servers: v1 on both with two configs, v2 on the first."""
-    cluster = ClusterFactory(name="c")
-    servers = [InferenceServerFactory(cluster=cluster, name=f"triton-{i}") for i in (1, 2)]
-    model = ModelFactory(tenant=tenant_a, name="scorer")
-    deployment = DeploymentFactory(model=model, cluster=cluster, name="scorer")
-    deployment.servers.set(servers)
-    v1 = ModelVersionFactory(model=model, version=1)
-    v2 = ModelVersionFactory(model=model, version=2)
-    for server, version, config_hash in ((servers[0], v1, H1), (servers[1], v1, H2),
-                                         (servers[0], v2, H1)):
-        ModelLoad.objects.create(tenant=tenant_a, deployment=deployment, server=server,
-                                 version=version, state=State.READY, config_hash=config_hash,
-                                 ready_at=timezone.now(), requested_by_label="seed")
-    return deployment
+    return split_deployment(tenant_a, with_v2=True)
 
 
 def client_of(user) -> Client:
