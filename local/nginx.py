@@ -5,6 +5,8 @@ under a prefix directory and runs nginx on it in the foreground (``daemon off;``
 master process), in its own session, as :func:`start_nginx`; :meth:`NginxProcess.stop` and
 :func:`stop_pid` stop it. The main configuration holds only what belongs to the process:
 
+* the modules it loads: Debian's Lua module when installed (``libnginx-mod-http-lua``), with
+  which the traffic router times an LLM route's streamed answers token by token;
 * the pid file, the error log, the temp directories, all under the prefix;
 * a status server on the process's own port, with ``stub_status`` at :data:`STATUS_PATH`;
 * ``include <conf_dir>/*.conf;`` inside ``http``: the routes that the traffic-router adapter
@@ -34,6 +36,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from fleet.adapters.routers.nginx_paths import token_timing_modules
 from local.processes import alive as _alive
 from local.processes import cmdline, start_on_ports, terminate
 from local.processes import tail as _tail_lines
@@ -60,6 +63,7 @@ class NginxProcess:
     conf_dir: Path
     error_log: Path
     nginx: str
+    modules: tuple[Path, ...] = ()
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
     _stopped: bool = field(default=False, repr=False, compare=False)
 
@@ -95,6 +99,7 @@ class NginxProcess:
             "prefix": self.prefix,
             "status_url": self.status_url,
             "error_log": self.error_log,
+            "load_modules": self.modules,
         }
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -147,10 +152,12 @@ def main_config_text(
     host: str,
     port: int,
     worker_processes: int,
+    modules: list[Path] | tuple[Path, ...] = (),
 ) -> str:
     """The main configuration nginx runs with (see the module docstring)."""
     lines = [
         "# Written by Switchyard's local cluster runtime; rewritten at each start.",
+        *[f"load_module {module};" for module in modules],
         "daemon off;",
         "master_process on;",
         f"worker_processes {worker_processes};",
@@ -219,6 +226,7 @@ def start_nginx(
     worker_processes: int = 2,
     nginx: str | None = None,
     ready_timeout: float = 15.0,
+    modules: list[Path] | tuple[Path, ...] | None = None,
 ) -> NginxProcess:
     """Write the main configuration under ``prefix`` and start nginx on it.
 
@@ -227,9 +235,11 @@ def start_nginx(
     port; 0 picks a free one (retried up to twice if it is taken before nginx binds it). The
     master runs in the foreground in its own session; its output and its error log go to
     ``prefix/logs/error.log``. On an early exit or timeout it is stopped and a RuntimeError
-    carrying the last lines of that log is raised.
+    carrying the last lines of that log is raised. ``modules``: the dynamic modules it loads
+    (default: Debian's Lua module when installed, ``token_timing_modules``).
     """
     prefix = Path(prefix).resolve()
+    loaded = tuple(token_timing_modules() if modules is None else modules)
     conf_dir = Path(conf_dir).resolve() if conf_dir else prefix / "switchyard"
     binary = nginx or find_nginx()
     for sub in ("conf", "logs", *(f"temp/{kind}" for kind in TEMP_KINDS)):
@@ -242,7 +252,8 @@ def start_nginx(
     def launch(ports: list[int]) -> tuple[NginxProcess, str]:
         main.write_text(
             main_config_text(
-                prefix, conf_dir, host=host, port=ports[0], worker_processes=worker_processes
+                prefix, conf_dir, host=host, port=ports[0], worker_processes=worker_processes,
+                modules=loaded,
             )
         )
         status_url = f"http://{host}:{ports[0]}{STATUS_PATH}"
@@ -264,6 +275,7 @@ def start_nginx(
             conf_dir=conf_dir,
             error_log=error_log,
             nginx=binary,
+            modules=loaded,
             _popen=popen,
         )
         return proc, _wait_ready(popen, status_url, ready_timeout)

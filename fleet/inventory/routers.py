@@ -75,6 +75,7 @@ def local_router_options() -> dict[str, object]:
         "prefix": prefix.resolve(),
         "status_url": nginx_paths.status_url("127.0.0.1", settings.SWITCHYARD_LOCAL_NGINX_STATUS_PORT),
         "error_log": nginx_paths.error_log(prefix),
+        "load_modules": nginx_paths.token_timing_modules(),
     }
 
 

@@ -316,7 +316,8 @@ class RolloutSerializer(serializers.ModelSerializer):
                        "metrics": {"type": "array", "items": METRIC_GATE_SCHEMA},
                        "rollback": ROLLBACK_SCHEMA,
                        "streamed": {"type": "boolean", "description": "An LLM route: "
-                                    "streamed answers are judged on ttft and generation too"}},
+                                    "streamed answers are judged on ttft and tpot (time per output token; generation, "
+                                    "the time after the first token, where the router counts no tokens) too"}},
     })
     def get_analysis(self, obj: Rollout) -> dict[str, Any]:
         return canary_analysis.analysis_config(obj)

@@ -27,6 +27,7 @@ class Arm:
     client_errors: int
     ttft: np.ndarray = field(default_factory=lambda: np.empty(0))
     generation: np.ndarray = field(default_factory=lambda: np.empty(0))
+    tpot: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     @property
     def total(self) -> int:
@@ -47,11 +48,15 @@ class Arm:
         ok = ~failed & (c.status < 400)
         answered = (ok & ~np.isnan(own)) | timed
         latencies = np.where(timed & np.isnan(own), c.latency, own)[answered]
-        streamed = ok & c.stream & ~np.isnan(c.header)
-        generated = streamed & ~np.isnan(c.upstream)
+        ttft = np.where(np.isnan(c.first), c.header, c.first)
+        streamed = ok & c.stream & ~np.isnan(ttft)
+        generated = streamed & ~np.isnan(c.upstream) & ~np.isnan(c.header)
+        per_token = streamed & ~np.isnan(c.first) & (c.tokens >= 2)
         return cls(latencies, int(failed.sum()), int((~failed & (c.status >= 400)).sum()),
-                   c.header[streamed],
-                   np.maximum(c.upstream[generated] - c.header[generated], 0.0))
+                   ttft[streamed],
+                   np.maximum(c.upstream[generated] - c.header[generated], 0.0),
+                   np.maximum(c.latency[per_token] - c.first[per_token], 0.0)
+                   / (c.tokens[per_token] - 1))
 
 
 def is_timeout(status: int, upstream_status: str = "") -> bool:

@@ -20,8 +20,10 @@ What it judges, as users feel it (each a *metric*, with its own tolerance):
   counted apart. Only answered requests (below 400) and timed-out ones (at least as slow as
   they waited) enter the latency metrics (:class:`rollouts.canary.arms.Arm`), so fast
   failures cannot make a canary look fast, nor do requests that never end drop out;
-* on an LLM route (``streamed``), ``ttft`` and ``generation``: the streamed answers' time to
-  the first token and the time after it, median over median (:func:`streamed_ratio`).
+* on an LLM route (``streamed``), ``ttft`` and ``tpot``: the streamed answers' time to the
+  first token and time per output token after it, median over median
+  (:func:`streamed_ratio`); where the router does not count tokens, ``generation`` (the
+  time after the first token) in ``tpot``'s place.
 
 And the SLO gates: the canary alone against the ceilings set (p50/p95/p99 in ms, error rate in
 percent), failing it when it is *shown* above one.
@@ -77,7 +79,7 @@ TAIL_FROM = 0.95
 SHARE_FROM = 0.99
 # Metrics that fail a canary shown beyond their tolerance but need not be shown within it
 # for a pass.
-GUARDS = frozenset({"tail", "tail99", "recent", "ttft", "generation"})
+GUARDS = frozenset({"tail", "tail99", "recent", "ttft", "tpot", "generation"})
 # The last analysis step holds its pass until the canary's share past the baseline's p99 is
 # shown at most this many percent above the baseline's own (at most twice it): a version whose
 # slowest hundredth grew much slower moves about twice the requests past that line, so it is
@@ -136,7 +138,7 @@ class JudgeConfig:
         """Each bound's share of the budget: ``alpha`` over the fresh starts and the tests
         (with a baseline: the median, the tail, the share past the baseline's p99, the errors
         and the recent window, and on a ``streamed`` (LLM) route the time to first token and
-        the generation time)."""
+        the time per output token, or the generation time where tokens are not counted)."""
         tests = ((7 if self.streamed else 5) if with_baseline else 0) + len(self.gates())
         return self.alpha / self.fresh_starts / max(tests, 1)
 
@@ -394,11 +396,21 @@ def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, toleranc
 def streamed_ratio(name: str, canary_ms: np.ndarray, baseline_ms: np.ndarray,
                    tolerance_pct: float, alpha: float) -> Metric:
     """An LLM route's streamed answers, median over median (a guard): ``ttft``, the time to
-    the first token, or ``generation``, the time after it. The router does not see how many
-    tokens an answer had; the requests are split at random, so the generation time's ratio is
-    the time per output token's, times the ratio of the answers' lengths (a version that
-    answers at more length is slower for its users too)."""
+    the first token, ``tpot``, the time per output token after it, or, where the router does
+    not count tokens, ``generation``, the time after the first token: the requests are split
+    at random, so its ratio is the time per output token's, times the ratio of the answers'
+    lengths (a version that answers at more length is slower for its users too)."""
     return quantile_ratio(name, 0.5, *_aligned(canary_ms, baseline_ms), tolerance_pct, alpha)
+
+
+def _per_token(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) -> Metric:
+    """``tpot`` where the router counts both sides' tokens, else ``generation``: one slot of
+    the error budget either way (``generation_tolerance_pct``)."""
+    if len(canary.tpot) and len(baseline.tpot):
+        return streamed_ratio("tpot", canary.tpot, baseline.tpot,
+                              config.generation_tolerance_pct, alpha)
+    return streamed_ratio("generation", canary.generation, baseline.generation,
+                          config.generation_tolerance_pct, alpha)
 
 
 def _aligned(canary_ms: np.ndarray, baseline_ms: np.ndarray) -> tuple[sequential.Sorted, sequential.Sorted]:
@@ -500,8 +512,7 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
         if config.streamed:
             metrics += [streamed_ratio("ttft", canary.ttft, baseline.ttft,
                                        config.ttft_tolerance_pct, alpha),
-                        streamed_ratio("generation", canary.generation, baseline.generation,
-                                       config.generation_tolerance_pct, alpha)]
+                        _per_token(canary, baseline, config, alpha)]
         if recent is not None and recent.block >= 2:  # the first block is all the evidence
             metrics.append(recent_median(recent, config, alpha, step))
     gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
@@ -565,6 +576,7 @@ def describe(m: Metric, config: JudgeConfig) -> str:
         what = {"median": "median latency", "recent": "median latency in the current window",
                 "ttft": "median time to first token (streamed answers)",
                 "generation": "median generation time after the first token",
+                "tpot": "median time per output token",
                 "paired": "the same requests on the canary (geometric mean of each one's "
                           "ratio)"}.get(
             m.name, "the slowest requests (above the baseline's p95)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rollouts.traffic.sample_types import status_codes
+from rollouts.traffic.sample_types import MEMBER_DEFAULTS, status_codes
 
 NAN = float("nan")
 
@@ -25,7 +25,9 @@ class Columns:
     ``status``: what the client got; ``upstream_failed``: a server answered 5xx, or none
     answered; ``upstream_timeout``: the router gave up waiting for a server (504 among the
     upstream statuses); ``header``: the server's time to its response header (ms, NaN when
-    none); ``stream``: a streamed answer."""
+    none); ``stream``: a streamed answer; ``first``: the time to its first streamed event as
+    the router sent it (ms, NaN when not timed); ``tokens``: its tokens (NaN when not
+    counted)."""
 
     t: np.ndarray
     latency: np.ndarray
@@ -35,16 +37,20 @@ class Columns:
     upstream_timeout: np.ndarray
     header: np.ndarray
     stream: np.ndarray
+    first: np.ndarray
+    tokens: np.ndarray
 
     def __len__(self) -> int:
         return len(self.t)
 
     @classmethod
     def _of_rows(cls, rows: Sequence[tuple[Any, ...]]) -> Columns:
-        """From (t, latency, upstream, status, upstream_status, header, stream) tuples."""
+        """From (t, latency, upstream, status, upstream_status, header, stream, first, tokens)
+        tuples."""
         if not rows:
             return EMPTY
-        t, latency, upstream, status, up_status, header, stream = zip(*rows, strict=True)
+        t, latency, upstream, status, up_status, header, stream, first, tokens = zip(
+            *rows, strict=True)
         # A route's answers have few distinct upstream statuses: each is split once.
         failed = {text: (not (c := status_codes(text)) or any(code >= 500 for code in c))
                   for text in set(up_status)}
@@ -57,13 +63,16 @@ class Columns:
             np.asarray(["504" in text for text in up_status], dtype=bool),
             np.asarray([NAN if v is None else v for v in header], dtype=float),
             np.asarray(stream, dtype=bool),
+            np.asarray([NAN if v is None else v for v in first], dtype=float),
+            np.asarray([NAN if v is None else v for v in tokens], dtype=float),
         )
 
     @classmethod
     def of(cls, samples: Iterable[Any]) -> Columns:
         """From route samples (:class:`rollouts.traffic.sample_types.Sample`)."""
         return cls._of_rows([(s.t, s.latency_ms, s.upstream_ms, s.status, s.upstream_status,
-                              getattr(s, "header_ms", None), bool(getattr(s, "stream", False)))
+                              getattr(s, "header_ms", None), bool(getattr(s, "stream", False)),
+                              getattr(s, "first_ms", None), getattr(s, "tokens", None))
                              for s in samples])
 
     @classmethod
@@ -76,9 +85,11 @@ class Columns:
         joined = b",".join(raw if isinstance(raw, bytes) else raw.encode() for raw in raws)
         rows = []
         for values in json.loads(b"[" + joined + b"]"):
-            header, stream = (values[11], values[12]) if len(values) > 10 else (None, 0)
-            rows.append((values[0], values[2], values[3], values[1], values[5], header,
-                         bool(stream)))
+            newer = values[10:]  # key, header, stream, first, tokens (older members: fewer)
+            if len(newer) < len(MEMBER_DEFAULTS):
+                newer = [*newer, *MEMBER_DEFAULTS[len(newer):]]
+            rows.append((values[0], values[2], values[3], values[1], values[5], newer[1],
+                         bool(newer[2]), newer[3], newer[4]))
         return cls._of_rows(rows)
 
     def where(self, mask: np.ndarray) -> Columns:
@@ -108,7 +119,7 @@ class Columns:
 
 EMPTY = Columns(np.empty(0), np.empty(0), np.empty(0), np.empty(0, dtype=np.int32),
                 np.empty(0, dtype=bool), np.empty(0, dtype=bool), np.empty(0),
-                np.empty(0, dtype=bool))
+                np.empty(0, dtype=bool), np.empty(0), np.empty(0))
 
 
 def ended_since(side: Sequence[Any] | Columns, start: float) -> Sequence[Any] | Columns:

@@ -15,6 +15,9 @@ from functools import lru_cache
 ROUTE_NAME = re.compile(r"^dep-([1-9][0-9]{0,17})$")
 VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as fleet.adapters.routers.base
 MAX_PATH = 512
+# What a member stored before the newer values existed has instead: key, header_ms, stream,
+# first_ms, tokens.
+MEMBER_DEFAULTS = ("", None, 0, None, None)
 MAX_KEY = 256  # characters of a sticky header's value read (nginx logs at most this many)
 
 
@@ -45,8 +48,14 @@ class Sample:
     answer the time to its first token; None when no server answered. ``stream``: the server
     answered ``text/event-stream`` (a streamed answer).
 
+    On an LLM route of a router that times tokens (nginx with its Lua module): ``first_ms``,
+    the time from the request's start to the answer's first streamed event, as the router sent
+    it (the client's time to first token), and ``tokens``, how many tokens the answer had (its
+    usage's ``completion_tokens``, else its events); None for an answer that streamed nothing
+    and on other routers.
+
     Members stored before ``key``, ``header_ms`` and ``stream`` existed still load, with
-    these defaults.
+    these defaults, as do those stored before ``first_ms`` and ``tokens``.
     """
 
     t: float
@@ -65,6 +74,8 @@ class Sample:
     key: str = ""
     header_ms: float | None = None
     stream: bool = False
+    first_ms: float | None = None
+    tokens: int | None = None
 
     @property
     def upstream_failed(self) -> bool:
@@ -84,20 +95,22 @@ class Sample:
             [
                 round(self.t, 3), self.status, self.latency_ms, self.upstream_ms, self.bytes,
                 self.upstream_status, self.upstream_addr, self.method, self.path,
-                self.request_id, self.key, self.header_ms, int(self.stream),
+                self.request_id, self.key, self.header_ms, int(self.stream), self.first_ms,
+                self.tokens,
             ],
             separators=(",", ":"),
         )
 
     @classmethod
     def from_member(cls, raw: bytes | str, deployment_id: int, variant: str, mirror: bool) -> Sample:
-        """A stored member: its 13 values, or the 10 of one stored before ``key``,
-        ``header_ms`` and ``stream`` existed."""
+        """A stored member: its 15 values, or the 13 of one stored before ``first_ms`` and
+        ``tokens`` existed, or the 10 of one stored before ``key``, ``header_ms`` and
+        ``stream``."""
         t, status, latency, upstream, size, up_status, up_addr, method, path, rid, *newer = (
             json.loads(raw))
-        key, header, stream = newer[:3] if newer else ("", None, 0)
+        key, header, stream, first, tokens = (*newer[:5], *MEMBER_DEFAULTS[len(newer):])
         return cls(t, deployment_id, variant, mirror, status, latency, upstream, size, up_status,
-                   up_addr, method, path, rid, key, header, bool(stream))
+                   up_addr, method, path, rid, key, header, bool(stream), first, tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ collect_samples``, :mod:`rollouts.traffic.collector`). The collector hands batch
 Besides what the client and the server took (``request_time``, ``upstream_response_time``), a
 line carries the server's time to its response header (``upstream_header_time``: for a streamed
 answer, the time to its first token) and the answer's ``content_type`` (kept as the sample's
-``stream`` flag: ``text/event-stream``), and, on a sticky route, the sticky header's value as
+``stream`` flag: ``text/event-stream``); on an LLM route of an nginx with its Lua module, the
+streamed answer's ``first_token`` time and ``tokens`` count (``first_ms``, ``tokens``); and, on a sticky route, the sticky header's value as
 ``key``: what the sample keeps of it is a keyed hash (``sample_types.split_key``), never the
 value, so user identifiers do not sit in Redis. These three may be missing (a route file
 written before them): they are then "", None and False.
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 # An hour: the longest an analysis runs by default (its timeout_s), so its evidence is kept.
 KEEP_S = 60 * 60
 MAX_PER_VARIANT = 100_000
+MAX_TOKENS = 10_000_000  # more than any answer's tokens: a count beyond it is capped
 MAX_FUTURE_S = 60.0  # a sample dated further ahead comes from a clock that is wrong
 PERCENTILES = (("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99))
 COUNTERS = (
@@ -194,6 +196,7 @@ def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> S
     key = _optional(data, "key")
     header_time = _optional(data, "upstream_header_time")
     content_type = _optional(data, "content_type")
+    first_token, tokens = _optional(data, "first_token"), _optional(data, "tokens")
     return Sample(
         t=float(msec),
         deployment_id=deployment_id,
@@ -211,7 +214,17 @@ def parse_line(line: bytes | str, *, resolver: RouteResolver | None = None) -> S
         key=split_key(deployment_id, key, settings.SECRET_KEY),
         header_ms=_seconds_sum(header_time),
         stream=content_type[:64].lower().lstrip().startswith("text/event-stream"),
+        first_ms=_seconds_sum(first_token),
+        tokens=_count(tokens),
     )
+
+
+def _count(text: str) -> int | None:
+    """A token count as the router logs it ("12"; "" when it counted none), capped at what
+    an answer can hold."""
+    if not text.isascii() or not text.isdigit():
+        return None
+    return min(int(text[:9]), MAX_TOKENS)
 
 
 # --------------------------------------------------------------------------------------------

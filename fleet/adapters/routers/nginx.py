@@ -38,7 +38,10 @@ each ``access_log`` target, with ``escape=json``: ``time``, ``msec``, ``route``,
 ``upstream_response_time``, ``upstream_header_time`` (the server's time to its response header:
 a streamed answer's first token), ``content_type`` (the answer's, its first 128 bytes), ``key``
 (on a sticky route, the sticky header's value, its first 256 bytes; "" otherwise and in a
-mirrored copy's line), ``request_time``, ``bytes_sent``, ``request_id``. A
+mirrored copy's line), ``request_time``, ``bytes_sent``, ``request_id``; and on an LLM route of an nginx with the Lua
+module (``token_timing``) ``first_token`` (seconds from the request's start to the answer's
+first streamed event) and ``tokens`` (the answer's ``completion_tokens`` when it reports them,
+else its streamed events), both "" for an answer that streamed nothing. A
 :func:`syslog_target` sends them as UDP syslog messages (``<190>... switchyard: {json}``) to
 a collector, which is how they leave an nginx on another host; a file target suits a local
 reader. Plain Python: no Django, no settings, nothing from ``local``.
@@ -75,6 +78,7 @@ from fleet.adapters.routers.nginx_conf import (
 )
 
 BASE_CONF_NAME = "switchyard.conf"
+LUA_MODULE_NAME = "ngx_http_lua_module.so"
 DEFAULT_PORTS = range(18100, 18200)
 UNIX_PATH_MAX = 107
 NGINX_TEST_TIMEOUT = 30.0
@@ -95,7 +99,10 @@ class NginxRouter:
     ``error_log`` the error log the running nginx writes (its ``[emerg]`` lines explain a
     failed reload); ``public_host`` the host name clients use in route URLs (default
     ``listen_host``). A static cluster without ``main_config`` passes its own
-    ``reload_command`` (for example ``ssh router sudo nginx -s reload``).
+    ``reload_command`` (for example ``ssh router sudo nginx -s reload``). ``load_modules``:
+    the dynamic modules the running nginx loads (its ``load_module`` lines), loaded by the
+    staging test too; with the Lua module among them, LLM routes time their streamed answers
+    token by token (``token_timing``).
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class NginxRouter:
         socket_dir: Path | None = None,
         reload_timeout: float = 10.0,
         http_timeout: float = 2.0,
+        load_modules: Sequence[Path] = (),
     ) -> None:
         self.conf_dir = Path(conf_dir).resolve()
         self.routes_dir = self.conf_dir / "routes"
@@ -140,6 +148,8 @@ class NginxRouter:
         self.error_log = Path(error_log) if error_log else None
         self.reload_timeout = reload_timeout
         self.http_timeout = http_timeout
+        self.load_modules = [Path(module) for module in load_modules]
+        self.token_timing = any(m.name == LUA_MODULE_NAME for m in self.load_modules)
         longest = socket_path(self.socket_dir, "x", 99)
         if len(str(longest).encode()) > UNIX_PATH_MAX:
             raise ValueError(f"socket_dir {self.socket_dir} is too long for unix socket paths")
@@ -160,6 +170,7 @@ class NginxRouter:
                 listen=f"{self.listen_host}:{port}",
                 access_log=self.access_log,
                 socket_dir=self.socket_dir,
+                token_timing=self.token_timing,
             )
             url = self._url(port)
             base_changed = self._base_text() != self._wanted_base()
@@ -274,6 +285,7 @@ class NginxRouter:
             main.write_text(
                 "\n".join(
                     [
+                        *[f"load_module {module};" for module in self.load_modules],
                         f"pid {staging}/nginx.pid;",
                         "events {}",
                         "http {",

@@ -23,6 +23,12 @@ file out. The file is included at nginx's ``http`` level and holds all the route
   connection only then: mirroring straight to a slower candidate would slow the primary's
   clients and stretch the primary's recorded latency to the candidate's. Through the relay
   the primary waits for the relay's immediate answer only;
+* on an LLM (OpenAI) route of an nginx with the Lua module (``token_timing``), a body filter
+  on the answers streamed to clients (``text/event-stream``) that logs when the first event
+  left (``first_token``, seconds from the request's start) and how many tokens the answer
+  had (``tokens``: the ``completion_tokens`` of its usage when it carries one, else the
+  ``data: {`` events counted, an event split across two chunks counted once): what the time
+  per output token is computed from. Answers that are not streamed pass by untouched;
 * an identity location, ``/_switchyard/route``, answering the route's name and the hash of
   its file, so the adapter can see which configuration nginx serves.
 """
@@ -56,6 +62,41 @@ OPENAI_ADMIN_PATHS = r"^/v1/(?:load|unload)_lora_adapter$"
 OPENAI_SERVER_PATHS = r"^/(?:health|version|ping)$"
 PROXY_READ_TIMEOUT = "300s"  # without a route deadline: long generations stream for minutes
 MAX_BODY = "256m"
+# The body filter of an LLM route's streamed answers (token timing; see the module docstring).
+# It keeps the last bytes of the previous chunk, so an event or a usage split across two
+# chunks is still seen, and counts each event once.
+TOKEN_TIMING_LUA = r"""
+local ctx = ngx.ctx
+if ctx.sy_sse == nil then
+    local kind = ngx.header.content_type
+    ctx.sy_sse = kind ~= nil and string.find(string.lower(kind), "text/event-stream", 1, true) ~= nil
+    ctx.sy_tail, ctx.sy_tail_events, ctx.sy_events = "", 0, 0
+end
+local chunk = ngx.arg[1]
+if not ctx.sy_sse or chunk == "" then
+    return
+end
+local text = ctx.sy_tail .. chunk
+local _, events = string.gsub(text, "data: {", "")
+local added = events - ctx.sy_tail_events
+if added > 0 then
+    if ctx.sy_events == 0 then
+        ngx.update_time()
+        ngx.var.sy_first_token = string.format("%.3f", ngx.now() - ngx.req.start_time())
+    end
+    ctx.sy_events = ctx.sy_events + added
+end
+local used = string.match(text, '"completion_tokens":%s*(%d+)')
+if used then
+    ctx.sy_used = used
+end
+if ctx.sy_events > 0 then
+    ngx.var.sy_tokens = ctx.sy_used or tostring(ctx.sy_events)
+end
+ctx.sy_tail = string.sub(text, -48)
+local _, kept = string.gsub(ctx.sy_tail, "data: {", "")
+ctx.sy_tail_events = kept
+"""
 
 
 def base_conf(routes_dir: Path) -> str:
@@ -161,13 +202,17 @@ def render_route(
     listen: str,
     access_log: Sequence[str],
     socket_dir: Path,
+    token_timing: bool = False,
 ) -> str:
-    """The text of the route's file (validated ``route``; ``listen`` as in nginx's ``listen``).
+    """The text of the route's file (validated ``route``; ``listen`` as in nginx's ``listen``;
+    ``token_timing``: the nginx has the Lua module, and an LLM route times its streamed
+    answers' tokens).
 
     The first line is a JSON header holding the spec, the listen address and the hash of the
     rest of the file; the identity location answers the same hash.
     """
-    body = _render_body(route, listen=listen, access_log=access_log, socket_dir=socket_dir)
+    body = _render_body(route, listen=listen, access_log=access_log, socket_dir=socket_dir,
+                        token_timing=token_timing and route.protocol != KSERVE_V2)
     sha = hashlib.sha256(body.encode()).hexdigest()[:16]
     header = {"spec": route.to_json(), "listen": listen, "sha": sha}
     return (
@@ -191,7 +236,8 @@ def parse_header(text: str) -> dict[str, object] | None:
 
 
 def _render_body(
-    route: RouteSpec, *, listen: str, access_log: Sequence[str], socket_dir: Path
+    route: RouteSpec, *, listen: str, access_log: Sequence[str], socket_dir: Path,
+    token_timing: bool,
 ) -> str:
     rid = ident(route.name)
     servers, targets = _servers(route)
@@ -209,7 +255,7 @@ def _render_body(
             "    keepalive 32;",
             "}",
         ]
-    lines += _log_formats(route)
+    lines += _log_formats(route, token_timing)
     if route.policy == LEAST_PENDING:
         lines += _least_pending_choice(route, active, socket_dir)
     else:
@@ -259,7 +305,7 @@ def _render_body(
             "    keepalive 16;",
             "}",
         ]
-    lines += _front_server(route, listen, access_log, mirror)
+    lines += _front_server(route, listen, access_log, mirror, token_timing)
     if mirror is not None:
         lines += _mirror_relay(route, mirror, access_log, relay)
     if route.policy == LEAST_PENDING:
@@ -269,7 +315,7 @@ def _render_body(
     return "\n".join(lines) + "\n"
 
 
-def _log_formats(route: RouteSpec) -> list[str]:
+def _log_formats(route: RouteSpec, token_timing: bool = False) -> list[str]:
     rid = ident(route.name)
     upstream_addr = (
         f"$upstream_http_{UPSTREAM_HEADER.lower().replace('-', '_')}"
@@ -278,7 +324,7 @@ def _log_formats(route: RouteSpec) -> list[str]:
     )
 
     def fmt(name: str, variant: str, mirror: str, addr: str, path: str = "$sy_path",
-            key: str = "") -> str:
+            key: str = "", tokens: bool = False) -> str:
         fields = [
             '"time":"$time_iso8601"',
             '"msec":$msec',
@@ -298,6 +344,8 @@ def _log_formats(route: RouteSpec) -> list[str]:
             '"bytes_sent":$bytes_sent',
             '"request_id":"$sy_request_id"',
         ]
+        if tokens:
+            fields += ['"first_token":"$sy_first_token"', '"tokens":"$sy_tokens"']
         return f"log_format {name} escape=json '{{{','.join(fields)}}}';"
 
     # least-pending knows the variant from the upstream address: "" when there was none.
@@ -314,7 +362,7 @@ def _log_formats(route: RouteSpec) -> list[str]:
             '    default "";',
             "}",
         ]
-    lines.append(fmt(f"sy_{rid}", logged, "false", upstream_addr, key=key))
+    lines.append(fmt(f"sy_{rid}", logged, "false", upstream_addr, key=key, tokens=token_timing))
     if route.mirror is not None and route.mirror.percent > 0:
         # Written by the mirror relay, which has the client's path from the front server
         # (and no sticky key: a copy is no user's request).
@@ -410,7 +458,8 @@ def _tls(server: _Server) -> str | None:
 
 
 def _front_server(
-    route: RouteSpec, listen: str, access_log: Sequence[str], mirror: _Target | None
+    route: RouteSpec, listen: str, access_log: Sequence[str], mirror: _Target | None,
+    token_timing: bool = False,
 ) -> list[str]:
     rid = ident(route.name)
     lp = route.policy == LEAST_PENDING
@@ -429,6 +478,9 @@ def _front_server(
         f"    listen {listen};",
         f"    client_max_body_size {MAX_BODY};",
     ]
+    if token_timing:
+        # Every location's line logs them: "" unless the body filter saw a streamed event.
+        lines += ['    set $sy_first_token "";', '    set $sy_tokens "";']
     lines += [f"    access_log {sink} sy_{rid};" for sink in access_log] or ["    access_log off;"]
     lines += [
         f"    location = {IDENTITY_PATH} {{",
@@ -454,7 +506,9 @@ def _front_server(
     else:
         target = f"http://sy_{rid}__lp" if lp else f"$sy_{rid}_base$request_uri"
         lines += [f"    location ~ {OPENAI_ADMIN_PATHS} {{", "        return 403;", "    }"]
-        lines += location("/v1/", [*mirror_line, "proxy_buffering off;"], target)
+        timing = ["body_filter_by_lua_block {", *[f"    {line}" if line else line for line in
+                  TOKEN_TIMING_LUA.strip("\n").split("\n")], "}"] if token_timing else []
+        lines += location("/v1/", [*mirror_line, "proxy_buffering off;", *timing], target)
         lines += location(f"~ {OPENAI_SERVER_PATHS}", [], target)
     lines += [
         "    location / {",

@@ -660,13 +660,19 @@ def test_every_request_sends_a_json_sample_to_syslog_with_every_field(router, lo
 
 class EchoHandler(http.server.BaseHTTPRequestHandler):
     """Answers what it received as JSON; ``/v1/stream`` streams two SSE events 1 s apart;
-    ``/v1/hang`` answers nothing for HANG_S (a hung server)."""
+    ``/v1/hang`` answers nothing for HANG_S (a hung server); ``/v1/tokens`` sends its header
+    at once and, TOKENS_AFTER_S later, TOKEN_EVENTS events each written in two pieces cut
+    inside ``data: {`` (with ``?usage=1`` then a usage event whose count is cut in two), as an
+    LLM server streams tokens."""
 
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
         if self.path.endswith("/v1/hang"):
             time.sleep(HANG_S)
+            return
+        if "/v1/tokens" in self.path:
+            self._tokens("usage=1" in self.path)
             return
         if self.path.endswith("/v1/stream"):
             self.send_response(200)
@@ -693,8 +699,34 @@ class EchoHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _tokens(self, usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        time.sleep(TOKENS_AFTER_S)
+        pieces = []
+        for i in range(TOKEN_EVENTS):
+            pieces += [b"da", b'ta: {"choices":[{"text":"t%d"}]}\n\n' % i]
+        if usage:
+            pieces += [b'data: {"choices":[],"usage":{"completion_tokens":1',
+                       b'%d}}\n\n' % (USAGE_TOKENS % 10)]
+        pieces.append(b"data: [DONE]\n\n")
+        for piece in pieces:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+            time.sleep(TOKEN_GAP_S)
+        self.wfile.write(b"0\r\n\r\n")
+
     def log_message(self, *args: object) -> None:
         pass
+
+
+TOKENS_AFTER_S = 0.3
+TOKEN_EVENTS = 5
+TOKEN_GAP_S = 0.02  # between pieces: nginx passes each on as a chunk of its own
+USAGE_TOKENS = 12  # what the usage event says (its "1" and "2" are written apart)
 
 
 @pytest.fixture(scope="module")
@@ -835,6 +867,120 @@ def test_a_routes_deadline_ends_a_hung_request_with_504_counted_slow_and_failed(
     assert f"proxy_read_timeout {PROXY_READ_TIMEOUT};" in (
         router.routes_dir / f"{spec.name}.conf").read_text()
     assert router.remove(spec.name)
+
+
+@pytest.mark.parametrize("policy", ["weighted", "least-pending"])
+def test_an_llm_routes_streamed_answers_are_timed_token_by_token(
+    router, echo_servers, syslog, policy
+):
+    """With the Lua module, a streamed answer's line says when its first event left (here
+    TOKENS_AFTER_S after a header sent at once, so not the header's time) and how many tokens
+    it had: its events, an event cut in two counted once, or the usage's count where the
+    answer carries one. An answer that streamed nothing logs neither; the judge's arm turns
+    them into the time per output token."""
+    assert router.token_timing
+    spec = RouteSpec(name=f"dep-7{len(policy)}", protocol="openai",
+                     variants=(Variant("base", echo_servers[0], 100),), policy=policy)
+    url = router.apply(spec).url
+    counted, reported, plain = (uuid.uuid4().hex for _ in range(3))
+    for rid, query in ((counted, ""), (reported, "?usage=1")):
+        with httpx.stream("GET", f"{url}/v1/tokens{query}", timeout=10,
+                          headers={"X-Request-Id": rid}) as answer:
+            text = "".join(answer.iter_text())
+        assert text.count("data: {") == TOKEN_EVENTS + (query != "")
+    assert httpx.get(f"{url}/v1/models", headers={"X-Request-Id": plain}).status_code == 200
+
+    (line,) = syslog.wait_for(counted)
+    assert line["tokens"] == str(TOKEN_EVENTS)
+    assert float(line["upstream_header_time"]) < TOKENS_AFTER_S <= float(line["first_token"])
+    assert float(line["first_token"]) < line["request_time"]
+    sample = parse_line(json.dumps(line))
+    assert (sample.tokens, sample.first_ms) == (TOKEN_EVENTS, float(line["first_token"]) * 1000)
+    arm = Arm.of([sample])
+    assert list(arm.ttft) == [sample.first_ms]
+    expected = (sample.latency_ms - sample.first_ms) / (TOKEN_EVENTS - 1)
+    assert arm.tpot.tolist() == pytest.approx([expected])
+    # Two pieces an event, TOKEN_GAP_S apart: at least that long a token.
+    assert expected >= 2 * TOKEN_GAP_S * 1000 * 0.9
+
+    (line,) = syslog.wait_for(reported)
+    assert line["tokens"] == str(USAGE_TOKENS)
+    (line,) = syslog.wait_for(plain)
+    assert (line["first_token"], line["tokens"]) == ("", "")
+    sample = parse_line(json.dumps(line))
+    assert (sample.first_ms, sample.tokens) == (None, None)
+    assert router.remove(spec.name)
+
+
+VLLM_TOKENS = 12
+
+
+@pytest.mark.vllm
+def test_a_real_vllm_answer_is_timed_token_by_token_as_its_client_sees_it(
+    router, syslog, local_vllm
+):
+    """Through the route, a real vLLM's streamed completion: the line's token count is the
+    events the client read (one a token) and, when the client asks for usage, vLLM's own
+    count; the time per output token the judge computes from the line is the client's own
+    time between the first and the last token, within 15% (the router adds the last event's
+    end, a fraction of a millisecond on loopback)."""
+    spec = RouteSpec(name="dep-77", protocol="openai",
+                     variants=(Variant("base", local_vllm.http_url, 100),))
+    url = router.apply(spec).url
+    body = {"model": local_vllm.served_model_name, "prompt": "The sea is",
+            "max_tokens": VLLM_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True}
+    seen = {}
+    for usage in (False, True):
+        rid = uuid.uuid4().hex
+        arrivals, text = [], ""
+        extra = {"stream_options": {"include_usage": True}} if usage else {}
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, **extra}, timeout=120,
+                          headers={"X-Request-Id": rid}) as answer:
+            assert answer.status_code == 200
+            for event in answer.iter_lines():
+                if event.startswith("data: {") and '"text"' in event:
+                    choices = json.loads(event[6:])["choices"]
+                    if choices and choices[0]["text"]:
+                        arrivals.append(time.monotonic())
+                text += event + "\n"
+        (line,) = syslog.wait_for(rid)
+        seen[usage] = (line, arrivals, text)
+
+    line, arrivals, text = seen[False]
+    assert int(line["tokens"]) == text.count("data: {") == VLLM_TOKENS
+    sample = parse_line(json.dumps(line))
+    (tpot,) = Arm.of([sample]).tpot
+    client = (arrivals[-1] - arrivals[0]) * 1000 / (len(arrivals) - 1)
+    assert tpot == pytest.approx(client, rel=0.15), (tpot, client)
+    assert float(line["first_token"]) >= float(line["upstream_header_time"])
+
+    line, _, text = seen[True]
+    reported = json.loads(text.split("data: ")[-2])["usage"]["completion_tokens"]
+    assert int(line["tokens"]) == reported == VLLM_TOKENS
+    assert router.remove(spec.name)
+
+
+def test_without_the_lua_module_an_llm_route_logs_no_token_timing(nginx, syslog, echo_servers):
+    """An nginx that loads no Lua module gets no body filter (its ``nginx -t`` would refuse
+    one), and its lines carry no token fields: the judge falls back to the generation time."""
+    options = {**nginx.router_options(), "load_modules": ()}
+    plain = NginxRouter(**options, ports=free_ports("127.0.0.1", 1),  # type: ignore[arg-type]
+                        access_log=[syslog_target("127.0.0.1", syslog.port)])
+    assert not plain.token_timing
+    spec = RouteSpec(name="dep-70", protocol="openai",
+                     variants=(Variant("base", echo_servers[0], 100),))
+    url = plain.apply(spec).url
+    assert "lua" not in (plain.routes_dir / f"{spec.name}.conf").read_text()
+    rid = uuid.uuid4().hex
+    with httpx.stream("GET", f"{url}/v1/tokens", timeout=10, headers={"X-Request-Id": rid}) as a:
+        a.read()
+    (line,) = syslog.wait_for(rid)
+    assert "tokens" not in line and "first_token" not in line
+    sample = parse_line(json.dumps(line))
+    assert (sample.first_ms, sample.tokens, sample.stream) == (None, None, True)
+    arm = Arm.of([sample])
+    assert len(arm.tpot) == 0 and len(arm.generation) == 1
+    assert plain.remove(spec.name)
 
 
 def test_health_reports_the_routes_in_force_and_removal_takes_a_route_out(router, local_triton):

@@ -10,6 +10,7 @@ these tests pin the behaviour each of them rests on.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -280,6 +281,42 @@ def test_an_llm_route_judges_the_time_to_first_token_and_the_generation_apart():
     assert not any(m.name == "ttft" for m in judge_samples(canary, base, CONFIG).metrics)
     unstreamed = Arm.of(_streamed(rng, 10, 1.0, stream=False))
     assert len(unstreamed.ttft) == 0 and len(unstreamed.latencies) == 10
+
+
+def _tokened(rng, n: int, per_token_ms: float, tokens: int, *, timed: bool = True) -> list[Sample]:
+    """Streamed answers of ``tokens`` tokens each, ``per_token_ms`` apart (lognormal), after a
+    40 ms first token; ``timed``: the router counted the tokens (first_ms, tokens)."""
+    first = latencies(rng, n, median=40.0)
+    gap = rng.lognormal(math.log(per_token_ms), 0.2, n)
+    return [Sample(0.0, 1, "v", False, 200, f + g * (tokens - 1) + 1, f + g * (tokens - 1),
+                   900, "200", "a", "POST", "/v1/completions", f"r{i}", "", f, True,
+                   f if timed else None, tokens if timed else None)
+            for i, (f, g) in enumerate(zip(first, gap, strict=True))]
+
+
+def test_where_the_router_counts_tokens_the_time_per_output_token_is_judged():
+    """A version that writes each token 30% slower but answers 30% shorter takes as long per
+    answer (its generation time is the baseline's): the time per output token finds it,
+    where the router counts tokens; without counts the generation time is judged in its place,
+    in the same slot of the budget."""
+    rng = np.random.default_rng(23)
+    llm = JudgeConfig(streamed=True)
+    base, canary = _tokened(rng, 1500, 10.0, 100), _tokened(rng, 1500, 13.0, 77)
+
+    judgement = judge_samples(canary, base, llm)
+
+    tpot = metric(judgement, "tpot")
+    assert tpot.state == FAIL and judgement.verdict == FAIL
+    assert 0.22 < math.expm1(tpot.estimate) < 0.38  # the 30% it is
+    assert re.search(r"median time per output token \d+\.\d% slower \(13\.\d ms against "
+                     r"10\.\d ms\)", " ".join(judgement.reasons))
+    assert not any(m.name == "generation" for m in judgement.metrics)
+    assert "tpot" in GUARDS
+    untimed = judge_samples(_tokened(rng, 1500, 13.0, 77, timed=False),
+                            _tokened(rng, 1500, 10.0, 100, timed=False), llm)
+    assert not any(m.name == "tpot" for m in untimed.metrics)
+    assert metric(untimed, "generation").state != FAIL and untimed.verdict != FAIL
+    assert len(judgement.metrics) == len(untimed.metrics)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ import json
 import re
 import time
 
+import numpy as np
 import pytest
 
 from rollouts.traffic import samples
+from rollouts.traffic.columns import Columns
 from rollouts.traffic.sample_types import Sample, SampleError, split_key
 
 LINE = {
@@ -86,13 +88,35 @@ def test_hostile_keys_are_capped_and_hashed_like_any_other_bytes():
 
 
 def test_a_member_round_trips_and_one_stored_before_the_fields_still_loads():
-    sample = parse()
+    sample = parse(first_token="0.300", tokens="17")
     old = json.dumps([1.5, 200, 4.0, 3.0, 10, "200", "a:1", "POST", "/p", "r9"])
+    older_than_tokens = json.dumps([1.5, 200, 4.0, 3.0, 10, "200", "a:1", "POST", "/p", "r9",
+                                    "k", 2.0, 1])
 
     assert Sample.from_member(sample.to_member(), 41, "v1-triton", False) == sample
     loaded = Sample.from_member(old, 41, "v1-triton", False)
     assert (loaded.request_id, loaded.upstream_ms, loaded.key, loaded.header_ms,
-            loaded.stream) == ("r9", 3.0, "", None, False)
+            loaded.stream, loaded.first_ms, loaded.tokens) == ("r9", 3.0, "", None, False,
+                                                              None, None)
+    loaded = Sample.from_member(older_than_tokens, 41, "v1-triton", False)
+    assert (loaded.key, loaded.header_ms, loaded.stream, loaded.first_ms,
+            loaded.tokens) == ("k", 2.0, True, None, None)
+    columns = Columns.of_members([old, older_than_tokens, sample.to_member()])
+    assert np.array_equal(columns.first, [np.nan, np.nan, 300.0], equal_nan=True)
+    assert np.array_equal(columns.tokens, [np.nan, np.nan, 17], equal_nan=True)
+
+
+def test_the_first_token_and_the_token_count_are_read_where_the_router_times_them():
+    sample = parse(first_token="0.300", tokens="17")
+
+    assert (sample.first_ms, sample.tokens, sample.header_ms) == (300.0, 17, 40.0)
+    # An answer that streamed nothing, and a line of a router that does not time tokens.
+    assert (parse(first_token="", tokens="").first_ms, parse().tokens) == (None, None)
+    # A count no answer has is capped; one that is no count is none.
+    assert parse(tokens="9" * 40).tokens == samples.MAX_TOKENS
+    assert parse(tokens="-3").tokens is None and parse(tokens="\uff11\uff12").tokens is None
+    with pytest.raises(SampleError, match="tokens must be str"):
+        parse(tokens=12)
 
 
 def test_redis_keeps_the_hash_and_gives_back_the_fields(redis_prefix):

@@ -30,7 +30,8 @@ def _own_prefix(redis_prefix):
 
 def line(t: float, i: int, *, variant: str = "v1", status: int = 200,
          upstream_status: str = "200", upstream_time: str = "0.004", mirror: bool = False,
-         header_time: str | None = None, stream: bool = False) -> bytes:
+         header_time: str | None = None, stream: bool = False,
+         first_token: str | None = None, tokens: str | None = None) -> bytes:
     record = {"time": "t", "msec": t, "route": f"dep-{DEP}", "variant": variant,
               "mirror": mirror, "method": "POST", "path": "/v2/models/m/infer",
               "status": status, "upstream_addr": "127.0.0.1:1", "upstream_status": upstream_status,
@@ -40,6 +41,8 @@ def line(t: float, i: int, *, variant: str = "v1", status: int = 200,
         record["upstream_header_time"] = header_time
     if stream:
         record["content_type"] = "text/event-stream"
+    if first_token is not None:
+        record |= {"first_token": first_token, "tokens": tokens or ""}
     return b"<190>Jan  1 00:00:00 switchyard: " + json.dumps(record).encode()
 
 
@@ -139,7 +142,13 @@ def test_columns_make_the_arm_the_samples_make():
              line(now - 1, 5, status=404, upstream_status="404"),
              line(now - 1, 6, status=200, upstream_status="502, 200"),
              line(now - 1, 7, header_time="0.050", upstream_time="0.900", stream=True),
-             line(now - 1, 8, header_time="0.040", stream=False)]
+             line(now - 1, 8, header_time="0.040", stream=False),
+             # Timed token by token: 2 ms to the first of 11 tokens, 10 ms in all.
+             line(now - 1, 9, header_time="0.001", upstream_time="0.500", stream=True,
+                  first_token="0.002", tokens="11"),
+             line(now - 1, 25, header_time="0.001", stream=True, first_token="0.003",
+                  tokens="1"),
+             line(now - 1, 26, header_time="0.001", stream=True, first_token="", tokens="")]
     samples.record(lines, now=now)
     read = samples.window(DEP, 60, now=now)["v1"]
     columns = Columns.of_members([s.to_member() for s in read])
@@ -147,14 +156,19 @@ def test_columns_make_the_arm_the_samples_make():
         by_samples, by_columns = (reference_arm(read, upstream), Arm.of(columns, upstream=upstream))
         assert by_columns.errors == by_samples.errors == 4  # 502, 504, 499, a failed try
         assert by_columns.client_errors == by_samples.client_errors == 1
-        for name in ("latencies", "ttft", "generation"):
+        for name in ("latencies", "ttft", "generation", "tpot"):
             assert np.array_equal(getattr(by_columns, name), getattr(by_samples, name)), name
-    assert list(Arm.of(columns).ttft) == [50.0] and list(Arm.of(columns).generation) == [850.0]
+    arm = Arm.of(columns)
+    # The router's first-token time where it timed one, else the server's header time.
+    assert sorted(arm.ttft.tolist()) == [1.0, 2.0, 3.0, 50.0]
+    assert sorted(arm.generation.tolist()) == [3.0, 3.0, 499.0, 850.0]
+    # Only the answer of two tokens or more: (10 ms - 2 ms) / 10 tokens after the first.
+    assert arm.tpot.tolist() == [pytest.approx(0.8)]
 
 
 def reference_arm(found: list, upstream: bool) -> Arm:
     """The arm, request by request, as the judge's rules are written (arms.py)."""
-    answered, ttft, generation, errors, client = [], [], [], 0, 0
+    answered, ttft, generation, tpot, errors, client = [], [], [], [], 0, 0
     for s in found:
         own = s.upstream_ms if upstream else s.latency_ms
         timeout = s.status in (408, 499, 504) or "504" in s.upstream_status
@@ -167,12 +181,16 @@ def reference_arm(found: list, upstream: bool) -> Arm:
         else:
             if own is not None:
                 answered.append(own)
-            if s.stream and s.header_ms is not None:
-                ttft.append(s.header_ms)
-                if s.upstream_ms is not None:
+            first = s.first_ms if s.first_ms is not None else s.header_ms
+            if s.stream and first is not None:
+                ttft.append(first)
+                if s.upstream_ms is not None and s.header_ms is not None:
                     generation.append(max(s.upstream_ms - s.header_ms, 0.0))
+                if s.first_ms is not None and (s.tokens or 0) >= 2:
+                    tpot.append(max(s.latency_ms - s.first_ms, 0.0) / (s.tokens - 1))
     return Arm(np.asarray(answered, dtype=float), errors, client,
-               np.asarray(ttft, dtype=float), np.asarray(generation, dtype=float))
+               np.asarray(ttft, dtype=float), np.asarray(generation, dtype=float),
+               np.asarray(tpot, dtype=float))
 
 
 def test_with_no_rows_to_keep_every_look_reads_the_window_whole(settings):
