@@ -2,6 +2,7 @@
 rollouts in flight on busy routes.
 
     python bench/looks.py [--rollouts 100] [--rate 75] [--history 150] [--rounds 10] [--json]
+    python bench/looks.py --processes 2      # worker processes sharing the rollouts, PostgreSQL
 
 Everything it uses is real except the traffic: a temporary SQLite database (migrated quietly)
 with a deployment, a route, two versions, a rollout at its last analysis step (50% on the
@@ -26,14 +27,26 @@ Per way: looks a second (one process: rollouts / the round's wall time), CPU ms 
 (``time.process_time``: this process's own, which is what a worker core spends; Redis runs
 apart) and samples parsed per look. Goal (issue 25): 100 rollouts looked at every second,
 at least 100 looks a second.
+
+With ``--processes N`` (2 or more) the looks are made as a deployment makes them: N worker
+processes, each with its share of the rollouts (every N-th), each looking at all of its
+rollouts once a second, starting on the same second, through its own window cache, while
+this process writes every second's traffic to Redis as the collector would. The database is
+PostgreSQL then (``--database-url``, default a database ``switchyard_bench_looks`` on
+127.0.0.1:5432, made and dropped), as SQLite takes one writer at a time. Reported: the looks
+the processes made a second in all (each round lasts a second unless its looks take longer),
+what they could make (each process's rollouts over its median round's wall time, summed),
+CPU ms a look, and the processes' CPU share of the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,19 +64,22 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)  # noqa: T201
 
 
-def setup(tmp: Path, redis_url: str) -> str:
-    prefix = f"switchyard-bench-looks-{uuid.uuid4().hex[:8]}"
+def setup(tmp: Path, redis_url: str, database_url: str = "", migrate: bool = True,
+          prefix: str = "") -> str:
+    prefix = prefix or f"switchyard-bench-looks-{uuid.uuid4().hex[:8]}"
     os.environ.update({
-        "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}", "REDIS_URL": redis_url,
-        "SWITCHYARD_REDIS_PREFIX": prefix, "DJANGO_SETTINGS_MODULE": "console.settings",
-        "SWITCHYARD_LOG_LEVEL": "WARNING",
+        "DATABASE_URL": database_url or f"sqlite:///{tmp / 'bench.sqlite3'}",
+        "REDIS_URL": redis_url, "SWITCHYARD_REDIS_PREFIX": prefix,
+        "DJANGO_SETTINGS_MODULE": "console.settings", "SWITCHYARD_LOG_LEVEL": "WARNING",
+        "SWITCHYARD_DB_CONN_MAX_AGE": "60",
     })
     sys.path.insert(0, str(REPO_ROOT))
     import django
     from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
+    if migrate:
+        call_command("migrate", verbosity=0, interactive=False)
     return prefix
 
 
@@ -205,6 +222,125 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def rows_of(share: int, of: int) -> list[tuple[Any, dict[str, Any], Any]]:
+    """A worker process's rollouts (every ``of``-th from the ``share``-th), as seeded."""
+    from rollouts.canary import analysis
+    from rollouts.models import Rollout, RolloutAnalysis
+
+    out = []
+    for rollout in list(Rollout.objects.order_by("pk"))[share::of]:
+        config = analysis.analysis_config(rollout)
+        row = RolloutAnalysis.objects.filter(rollout=rollout).order_by("-pk").first()
+        out.append((rollout, config, row))
+    return out
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One worker process of ``--processes``: its first look at each rollout (reading the
+    window whole, as a worker's first look does), then a round a second from ``--start-at``."""
+    rows = rows_of(args.child, args.processes)
+    one_round(rows, True)
+    walls, cpus, late = [], [], 0
+    for index in range(args.rounds):
+        wait = args.start_at + index - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        else:
+            late += 1  # the last round took more than its second
+        wall, cpu, _ = one_round(rows, True)
+        walls.append(wall)
+        cpus.append(cpu)
+    return {"rollouts": len(rows), "walls": walls, "cpus": cpus, "late": late,
+            "ended": time.time()}
+
+
+def bench_processes(args: argparse.Namespace, database_url: str, prefix: str) -> dict[str, Any]:
+    """``--processes`` worker processes sharing the rollouts (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    now = time.time()
+    started = now - args.history
+    rows = seed_rows(args.rollouts, started)
+    deps = [rollout.deployment_id for rollout, _, _ in rows]
+    say(f"writing {args.history:g} s of {args.rate:g} requests/s on {len(deps)} routes…")
+    traffic(deps, started, args.history, args.rate, rng)
+    written = started + args.history
+    # Long enough for every process to start and make its first (whole) read of its routes.
+    # (A process that is not ready in time starts late: its rounds count as late.)
+    start_at = time.time() + 4 + 0.05 * args.rollouts
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    common = [sys.executable, __file__, "--rollouts", str(args.rollouts), "--rounds",
+              str(args.rounds), "--processes", str(args.processes), "--database-url",
+              database_url, "--prefix", prefix, "--start-at", repr(start_at)]
+    procs = [subprocess.Popen([*common, "--child", str(i)], stdout=subprocess.PIPE, text=True,
+                              env=env) for i in range(args.processes)]
+    watched = [psutil.Process(p.pid) for p in procs]
+    cpu_before = cpu_after = None
+    while any(p.poll() is None for p in procs):
+        tick = time.time()
+        traffic(deps, written, tick - written, args.rate, rng)  # what passed since
+        written = tick
+        if cpu_before is None and tick >= start_at:
+            cpu_before = (tick, _cpu(watched))
+        if cpu_before is not None and tick < start_at + args.rounds - 1:
+            cpu_after = (tick, _cpu(watched))
+        time.sleep(max(0.0, 1.0 - (time.time() - tick)))
+    found = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"a worker process failed (exit {proc.returncode})")
+        found.append(json.loads(out.strip().splitlines()[-1]))
+    looks = sum(f["rollouts"] * len(f["walls"]) for f in found)
+    # Round k starts at start_at + k: the rounds take their seconds, or longer when late.
+    span = max(max(f["ended"] for f in found) - start_at, float(args.rounds))
+    share = None
+    if cpu_before and cpu_after and cpu_after[0] > cpu_before[0]:
+        share = (cpu_after[1] - cpu_before[1]) / ((cpu_after[0] - cpu_before[0])
+                                                  * (os.cpu_count() or 1))
+    return {
+        "rollouts": args.rollouts, "rate": args.rate, "history_s": args.history,
+        "rounds": args.rounds, "processes": args.processes,
+        "looks_per_s": round(looks / span, 1),
+        "capacity_looks_per_s": round(sum(f["rollouts"] / statistics.median(f["walls"])
+                                          for f in found), 1),
+        "cpu_ms_per_look": round(1000 * sum(sum(f["cpus"]) for f in found) / looks, 2),
+        "wall_s_per_round": [round(statistics.median(f["walls"]), 3) for f in found],
+        "late_rounds": sum(f["late"] for f in found),
+        "cpu_share": round(share, 3) if share is not None else None,
+        "cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+@contextlib.contextmanager
+def database(url: str) -> Any:
+    """A PostgreSQL database of the bench's own at ``url``: made, then dropped."""
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def cleanup(prefix: str) -> None:
     from rollouts.traffic import samples
 
@@ -228,6 +364,24 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\n  {'met ' if goal else 'MISS'} looks a second >= 100 (cached, one process)")  # noqa: T201
 
 
+def print_processes_table(result: dict[str, Any]) -> None:
+    say("")
+    print(f"{result['rollouts']} rollouts at their last analysis step, 50% on the candidate; "  # noqa: T201
+          f"{result['rate']:g} requests/s a route, {result['history_s']:g} s of history; "
+          f"{result['rounds']} rounds; {result['processes']} worker processes; "
+          f"{result['cpus']} CPUs, load {result['loadavg']}")
+    for key, label in (("looks_per_s", "looks a second, made"),
+                       ("capacity_looks_per_s", "looks a second, possible"),
+                       ("cpu_ms_per_look", "CPU ms a look"),
+                       ("wall_s_per_round", "s a round, each process"),
+                       ("late_rounds", "rounds over their second"),
+                       ("cpu_share", "CPU share of the machine")):
+        print(f"{label:28}{result[key]!s:>14}")  # noqa: T201
+    goal = result["looks_per_s"] >= 100
+    print(f"\n  {'met ' if goal else 'MISS'} looks a second >= 100 (made, "  # noqa: T201
+          f"{result['processes']} processes)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=100)
@@ -238,12 +392,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-rounds", type=int, default=3,
                         help="rounds of the full reads (each takes many seconds)")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="worker processes sharing the rollouts (2 or more: PostgreSQL)")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/"
+                        "switchyard_bench_looks", help="with --processes: made and dropped")
+    # A worker process of --processes (internal).
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not (1 <= args.rollouts <= 1000 and 1 <= args.rate <= 1000 and 10 <= args.history <= 3600
             and 1 <= args.rounds <= 100 and 1 <= args.full_rounds <= 100):
         parser.error("--rollouts 1-1000, --rate 1-1000, --history 10-3600, "
                      "--rounds and --full-rounds 1-100")
+    if not 1 <= args.processes <= 16:
+        parser.error("--processes 1-16")
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if args.child is not None:
+        setup(Path(), redis_url, args.database_url, migrate=False, prefix=args.prefix)
+        print(json.dumps(child(args)))  # noqa: T201
+        return 0
+    if args.processes > 1:
+        with database(args.database_url):
+            prefix = setup(Path(), redis_url, args.database_url)
+            try:
+                result = bench_processes(args, args.database_url, prefix)
+            finally:
+                cleanup(prefix)
+        if args.json:
+            print(json.dumps(result, sort_keys=True))  # noqa: T201
+        else:
+            print_processes_table(result)
+        return 0
     with tempfile.TemporaryDirectory(prefix="switchyard-bench-looks-") as tmp:
         prefix = setup(Path(tmp), redis_url)
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from tests.bench_run import run_bench
 
 
@@ -18,3 +20,18 @@ def test_the_looks_bench_runs_and_the_cache_parses_only_what_arrived():
     # the cache only the last seconds (LATE_S and the one that passed).
     assert full["parsed_per_look"] >= 75 * 20 * 0.8, full
     assert 0 < cached["parsed_per_look"] < full["parsed_per_look"] / 2, cached
+
+
+def test_worker_processes_share_the_rollouts_and_look_at_each_once_a_second():
+    """With --processes, the rollouts are split between worker processes on a PostgreSQL
+    database of the bench's own (made and dropped), each looking once a second."""
+    name = f"switchyard_bench_looks_{uuid.uuid4().hex[:8]}"
+    result = run_bench("looks.py", "--rollouts", "4", "--rounds", "2", "--history", "10",
+                       "--processes", "2", "--database-url",
+                       f"postgres://postgres@127.0.0.1:5432/{name}", leave_out=("DATABASE_URL",))
+    assert (result["rollouts"], result["rounds"], result["processes"]) == (4, 2, 2)
+    assert len(result["wall_s_per_round"]) == 2
+    # A round a second at most: 4 rollouts make at most 4 looks a second, and they could
+    # make more than they did whenever a round took less than its second.
+    assert 0 < result["looks_per_s"] <= 4.0, result
+    assert result["capacity_looks_per_s"] > 0 and result["cpu_ms_per_look"] > 0, result
