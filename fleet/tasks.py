@@ -24,10 +24,11 @@ def check_servers(self: Task) -> int:
     then every cluster's traffic router. The number of shards sent."""
     sent = 0
     count = settings.SWITCHYARD_SHARDS
-    turn = int(time.time() / settings.SWITCHYARD_HEALTH_INTERVAL_S) % count  # see scrape_latency
+    sent_at = time.time()
+    turn = int(sent_at / settings.SWITCHYARD_HEALTH_INTERVAL_S) % count  # see scrape_latency
     for index in [*range(turn, count), *range(turn)]:
         try:
-            check_servers_shard.apply_async((index,), queue=queue_of(self),
+            check_servers_shard.apply_async((index,), {"sent_at": sent_at}, queue=queue_of(self),
                                             expires=settings.SWITCHYARD_HEALTH_INTERVAL_S)
             sent += 1
         except BROKER_ERRORS as exc:
@@ -38,9 +39,9 @@ def check_servers(self: Task) -> int:
 
 
 @shared_task(ignore_result=True)
-def check_servers_shard(index: int) -> dict[str, int]:
+def check_servers_shard(index: int, sent_at: float | None = None) -> dict[str, int]:
     """Probe one shard's servers once, under the shard's lease."""
-    return health.check_shard(index)
+    return health.check_shard(index, sent_at=sent_at)
 
 
 @shared_task(ignore_result=True)

@@ -57,12 +57,14 @@ def scrape_latency(self: Task) -> int:
     expires = settings.SWITCHYARD_SCRAPE_INTERVAL_S
     # Each tick starts at another shard: workers that fall behind let the shards at the end
     # of the queue expire, and those must not be the same shards every tick.
-    turn = int(time.time() / expires) % len(plan) if plan else 0
+    sent_at = time.time()
+    turn = int(sent_at / expires) % len(plan) if plan else 0
     sent = 0
     for index, deployment_ids in plan[turn:] + plan[:turn]:
         try:
-            scrape_latency_shard.apply_async((index, deployment_ids), queue=queue_of(self),
-                                             expires=expires)
+            # The shard's lease runs from now, whenever a worker takes it (shard_leases).
+            scrape_latency_shard.apply_async((index, deployment_ids), {"sent_at": sent_at},
+                                             queue=queue_of(self), expires=expires)
             sent += 1
         except BROKER_ERRORS as exc:
             log.warning("could not send scrape shard %s, the broker is unreachable (%s); the "
@@ -71,9 +73,10 @@ def scrape_latency(self: Task) -> int:
 
 
 @shared_task(ignore_result=True)
-def scrape_latency_shard(index: int, deployment_ids: list[int]) -> dict[str, int]:
+def scrape_latency_shard(index: int, deployment_ids: list[int],
+                         sent_at: float | None = None) -> dict[str, int]:
     """Scrape one shard's servers once, under the shard's lease, and record the live window."""
-    return scrape_tick.run({index: deployment_ids})
+    return scrape_tick.run({index: deployment_ids}, sent_at=sent_at)
 
 
 @shared_task(ignore_result=True)

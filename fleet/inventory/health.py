@@ -28,6 +28,7 @@ from fleet.adapters import triton, vllm
 from fleet.adapters.base import ProbeSteps, ServerProbe
 from fleet.adapters.metrics import fetcher
 from fleet.adapters.routers.base import RouterHealth
+from fleet.inventory import shard_leases
 from fleet.inventory.routers import router_for
 from fleet.models import Cluster, InferenceServer
 
@@ -147,17 +148,20 @@ def shard_of(servers: QuerySet[InferenceServer], index: int, count: int) -> Quer
     return servers.alias(shard=F("pk") % count).filter(shard=index)
 
 
-def check_shard(index: int, count: int | None = None, timeout: float | None = None) -> dict[str, int]:
+def check_shard(index: int, count: int | None = None, timeout: float | None = None,
+                sent_at: float | None = None) -> dict[str, int]:
     """Probe the servers of one shard under its lease in Redis (``<prefix>:health:shard:<n>``,
-    lasting 1.9 health intervals, so one held by a worker that died has run out by the second
-    round after). A shard whose lease another worker holds is skipped (``{"skipped": 1}``)."""
+    lasting until 1.9 health intervals after the round was sent at ``sent_at``, so one held
+    by a worker that died has run out by the second round after: ``shard_leases.seconds``).
+    A shard whose lease another worker holds is skipped (``{"skipped": 1}``)."""
     count = count or settings.SWITCHYARD_SHARDS
     store = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     lease = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:health:shard:{index}",
-                       timeout=max(1.9 * settings.SWITCHYARD_HEALTH_INTERVAL_S,
-                                   (timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S) + 1.0),
+                       timeout=shard_leases.seconds(
+                           settings.SWITCHYARD_HEALTH_INTERVAL_S,
+                           (timeout or settings.SWITCHYARD_PROBE_TIMEOUT_S) + 1.0, sent_at),
                        blocking=False)
-    if not lease.acquire():
+    if not lease.acquire(token=shard_leases.token()):
         return {"skipped": 1}
     try:
         return _check(list(shard_of(InferenceServer.objects.all(), index, count)), timeout)

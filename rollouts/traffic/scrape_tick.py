@@ -45,7 +45,7 @@ from django.conf import settings
 from console import telemetry
 from fleet.adapters.metrics import fetcher, parsing, rates
 from fleet.adapters.metrics.values import Counters, SeriesKey, dump_series, load_series
-from fleet.inventory import loadstats
+from fleet.inventory import loadstats, shard_leases
 from fleet.models import InferenceServer
 from rollouts.models import Deployment, LatencyRollup
 from rollouts.models.registry import name_on
@@ -112,11 +112,13 @@ def shards(count: int | None = None) -> dict[int, list[int]]:
     return {index: sorted(ids) for index, ids in sorted(found.items())}
 
 
-def lease_s() -> float:
-    """How long a shard's lease lasts: past the tick's own deadline, and short enough that a
-    lease left by a dead worker has run out by the second tick after it was taken."""
-    interval = settings.SWITCHYARD_SCRAPE_INTERVAL_S
-    return max(1.9 * interval, settings.SWITCHYARD_SCRAPE_TIMEOUT_S + TICK_GRACE_S + 0.3)
+def lease_s(sent_at: float | None = None) -> float:
+    """How long a shard's lease lasts, taken now for a tick sent at ``sent_at``: past the
+    tick's own deadline, and short enough that a lease left by a dead worker has run out by
+    the second tick after (``fleet.inventory.shard_leases.seconds``)."""
+    return shard_leases.seconds(settings.SWITCHYARD_SCRAPE_INTERVAL_S,
+                                settings.SWITCHYARD_SCRAPE_TIMEOUT_S + TICK_GRACE_S + 0.3,
+                                sent_at)
 
 
 def _lease_key(index: int) -> str:
@@ -129,9 +131,11 @@ def tick(timeout: float | None = None) -> dict[str, int]:
     return run(shards(), timeout)
 
 
-def run(plan: dict[int, list[int]], timeout: float | None = None) -> dict[str, int]:
+def run(plan: dict[int, list[int]], timeout: float | None = None,
+        sent_at: float | None = None) -> dict[str, int]:
     """Scrape the deployments of the shards in ``plan`` (index -> deployment ids) once, each
-    shard under its lease: a shard whose lease another tick holds is skipped (``skipped``)."""
+    shard under its lease (:func:`lease_s`; ``sent_at``: when beat's tick sent it): a shard
+    whose lease another tick holds is skipped (``skipped``)."""
     timeout = timeout or settings.SWITCHYARD_SCRAPE_TIMEOUT_S
     if not plan:
         return {"servers": 0, "points": 0}
@@ -139,8 +143,8 @@ def run(plan: dict[int, list[int]], timeout: float | None = None) -> dict[str, i
     leases, skipped, ids = [], 0, []
     try:
         for index, members in plan.items():
-            lease = store.lock(_lease_key(index), timeout=lease_s(), blocking=False)
-            if lease.acquire():
+            lease = store.lock(_lease_key(index), timeout=lease_s(sent_at), blocking=False)
+            if lease.acquire(token=shard_leases.token()):
                 leases.append(lease)
                 ids += members
             else:

@@ -5,14 +5,18 @@ the statements a tick runs the same for 10 servers as for 40."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 
 import pytest
+import redis
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fleet.inventory import shard_leases
 from local.fleetsim import FleetConfig, FleetThread
 from rollouts import tasks
 from rollouts.models import LatencyRollup
@@ -134,6 +138,36 @@ def test_a_shard_is_scraped_by_one_tick_at_a_time(fleet):
     assert sum(r.get("skipped", 0) for r in results) == len(plan)
 
 
+def test_a_shards_lease_names_the_worker_process_holding_it(fleet, settings):
+    """While a tick scrapes, each of its shards' leases in Redis names this process (host and
+    pid): who holds a shard can be read, and after a worker dies, who took it over."""
+    register(fleet, 8)
+    fleet.servers[0].state, fleet.servers[0].delay_s = "slow", 0.8  # the tick lasts a while
+    plan = scrape_tick.shards(count=2)
+    store = redis.Redis.from_url(settings.REDIS_URL)
+    keys = [f"{settings.SWITCHYARD_REDIS_PREFIX}:latency:shard:{i}" for i in plan]
+
+    def one_tick() -> None:
+        scrape_tick.run(plan, timeout=2.0)
+        connection.close()
+
+    thread = threading.Thread(target=one_tick)
+    thread.start()
+    held: dict[str, object] = {}
+    deadline = time.monotonic() + 5
+    while len(held) < len(keys) and time.monotonic() < deadline:
+        for key in keys:
+            if (value := store.get(key)) is not None:
+                held[key] = shard_leases.holder(value)
+        time.sleep(0.01)
+    thread.join(30)
+
+    assert held == {key: (socket.gethostname(), os.getpid()) for key in keys}
+    assert all(store.get(key) is None for key in keys)  # released at the tick's end
+    assert shard_leases.holder(None) is None and shard_leases.holder(b"a-uuid-token") is None
+    assert shard_leases.holder("h:12:") is None and shard_leases.holder("h:x:ab") is None
+
+
 def test_a_lease_left_by_a_dead_worker_runs_out_within_two_ticks(fleet, settings):
     register(fleet, 4)
     settings.SWITCHYARD_SCRAPE_INTERVAL_S = 1.0
@@ -155,14 +189,34 @@ def test_a_lease_left_by_a_dead_worker_runs_out_within_two_ticks(fleet, settings
     assert free_after >= scrape_tick.lease_s() - 0.1
 
 
+def test_a_lease_runs_from_when_its_tick_was_sent_so_a_dead_worker_loses_it_by_the_second():
+    """Whenever in its tick a worker took a shard, its lease is gone when the second tick
+    after is sent (1.9 intervals from the first): the survivors take the shard at that tick.
+    It never ends before the shard's own work may (the floor), nor lasts more than a whole
+    lease when the sender's clock runs ahead."""
+    sent = 1000.0
+    for taken_after in (0.0, 0.3, 0.6):
+        left = shard_leases.seconds(1.0, 0.5, sent_at=sent, now=sent + taken_after)
+        assert sent + taken_after + left == pytest.approx(sent + 1.9)
+    assert shard_leases.seconds(1.0, 1.3, sent_at=sent, now=sent + 0.9) == 1.3  # the floor
+    assert shard_leases.seconds(1.0, 0.5, sent_at=sent + 60, now=sent) == pytest.approx(1.9)
+    assert shard_leases.seconds(3.0, 1.0) == pytest.approx(5.7)  # no tick: from now
+
+
 def test_beat_sends_one_task_per_shard(fleet, settings, monkeypatch):
     register(fleet, 12)
     settings.SWITCHYARD_SHARDS = 3
     sent = []
+    kwargs = []
     monkeypatch.setattr(tasks.scrape_latency_shard, "apply_async",
-                        lambda args, queue, expires: sent.append((args, expires)))
+                        lambda args, given, queue, expires: (sent.append((args, expires)),
+                                                             kwargs.append(given)))
 
+    before = time.time()
     assert tasks.scrape_latency() == len(sent) > 0
+    # Every shard's lease is counted from when the tick sent it.
+    assert len({k["sent_at"] for k in kwargs}) == 1
+    assert before <= kwargs[0]["sent_at"] <= time.time()
     assert sorted(index for (index, _ids), _ in sent) == sorted(scrape_tick.shards())
     assert sorted(pk for (_index, ids), _ in sent for pk in ids) == sorted(
         pk for ids in scrape_tick.shards().values() for pk in ids)
