@@ -223,13 +223,17 @@ def freshness(server_ids: list[int], workers: list[psutil.Process], seconds: flo
             "cpu_share": cpu / (time.monotonic() - started) / psutil.cpu_count()}
 
 
-def throughput(server_ids: list[int], seconds: float) -> float:
+def throughput(server_ids: list[int], seconds: float,
+               workers: list[psutil.Process]) -> dict[str, float]:
     """Rounds back to back, every shard's task sent at once (no expiry), the next round as
-    soon as every server was scraped: server scrapes a second."""
+    soon as every server was scraped: server scrapes a second, and the cores the workers got
+    and the rest of the machine took meanwhile (the simulator, Redis, PostgreSQL, this)."""
     from rollouts import tasks
     from rollouts.traffic import scrape_tick
 
     plan = scrape_tick.shards()
+    machine = psutil.cpu_times()
+    own = sum(sum(w.cpu_times()[:2]) for w in workers)
     rounds, started = 0, time.monotonic()
     while time.monotonic() - started < seconds:
         sent = time.time()
@@ -243,7 +247,12 @@ def throughput(server_ids: list[int], seconds: float) -> float:
                 raise RuntimeError(f"a round did not finish in 60 s: {len(stale)} servers not "
                                    f"scraped (ids {stale[:10]}...): are the workers running?")
         rounds += 1
-    return rounds * len(server_ids) / (time.monotonic() - started)
+    took = time.monotonic() - started
+    after = psutil.cpu_times()
+    busy = sum(after[:3]) - sum(machine[:3])  # user, nice, system
+    workers_cpu = sum(sum(w.cpu_times()[:2]) for w in workers) - own
+    return {"rate": rounds * len(server_ids) / took, "worker_cores": workers_cpu / took,
+            "other_cores": max(busy - workers_cpu, 0.0) / took}
 
 
 def takeover(server_ids: list[int], workers: list[subprocess.Popen]) -> dict[str, float]:
@@ -341,12 +350,13 @@ def run(servers: int, seconds: float) -> dict[str, Any]:
             say("health round with 20 hung servers…")
             health_s = measure_health(described)
             fresh: dict[int, dict[str, float]] = {}
-            rates: dict[int, float] = {}
+            rates: dict[int, dict[str, float]] = {}
             for count in (1, 2):
                 say(f"{count} worker(s)…")
                 with workers(env, count) as procs:
                     fresh[count] = freshness(ids, [psutil.Process(p.pid) for p in procs], seconds)
-                    rates[count] = throughput(ids, seconds)
+                    rates[count] = throughput(ids, seconds,
+                                              [psutil.Process(p.pid) for p in procs])
                     taken_over = takeover(ids, procs) if count == 2 else None
         return {
             "servers": servers, "tick_s_1000": round(ticks["tick_s"], 3),
@@ -356,8 +366,15 @@ def run(servers: int, seconds: float) -> dict[str, Any]:
             "fresh_p50_s": {str(k): round(v["fresh_p50_s"], 2) for k, v in fresh.items()},
             "fresh_max_s": {str(k): round(v["fresh_max_s"], 2) for k, v in fresh.items()},
             "worker_cpu_share": {str(k): round(v["cpu_share"], 2) for k, v in fresh.items()},
-            "scrapes_per_s": {str(k): round(v) for k, v in rates.items()},
-            "scale_out_ratio": round(rates[2] / rates[1], 2),
+            "scrapes_per_s": {str(k): round(v["rate"]) for k, v in rates.items()},
+            "scale_out_ratio": round(rates[2]["rate"] / rates[1]["rate"], 2),
+            # The cores the workers got, and what the rest of the machine took meanwhile.
+            "worker_cores": {str(k): round(v["worker_cores"], 2) for k, v in rates.items()},
+            "other_cores": {str(k): round(v["other_cores"], 2) for k, v in rates.items()},
+            # Scrapes a second per core the workers got: equal for 1 and 2 workers when the
+            # work divides without loss.
+            "scrapes_per_worker_core": {str(k): round(v["rate"] / max(v["worker_cores"], 1e-9))
+                                        for k, v in rates.items()},
             "shard_takeover_s": round(taken_over["owned_s"], 2) if taken_over else None,
             "rescraped_s": round(taken_over["rescraped_s"], 2) if taken_over else None,
             "shards_held_at_kill": taken_over["held"] if taken_over else None,
@@ -409,6 +426,10 @@ def main() -> int:
                      f"{result['worker_cpu_share'][count]:.0%}", ""))
         rows.append((f"server scrapes a second, rounds back to back, {count} worker(s)",
                      str(result["scrapes_per_s"][count]), ""))
+        rows.append((f"  cores: the worker(s) / the rest of the machine, {count} worker(s)",
+                     f"{result['worker_cores'][count]} / {result['other_cores'][count]}", ""))
+        rows.append((f"  scrapes a second per worker core, {count} worker(s)",
+                     str(result["scrapes_per_worker_core"][count]), ""))
     rows.append(("scale out, 2 workers / 1", f"{result['scale_out_ratio']}x", ">= 1.7x"))
     rows.append(("a worker killed holding leases: its shards owned again after",
                  f"{result['shard_takeover_s']} s, tick {result['shard_takeover_tick']}",
