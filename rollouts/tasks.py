@@ -35,17 +35,32 @@ def advance_load(self: Task, load_id: int) -> None:
         advance_load.apply_async((load_id,), queue=queue)
 
 
-@shared_task(ignore_result=True)
-def reconcile_loads() -> int:
-    """Beat tick: mark lost what the servers no longer report (drift), converge the
-    deployments that ask for it, then advance every load in flight that no worker holds
-    (lost workers included)."""
-    drift.reconcile_all()
+@shared_task(bind=True, ignore_result=True)
+def reconcile_loads(self: Task) -> int:
+    """Beat tick: a task per shard of the servers to mark lost what they no longer report
+    (drift, ``reconcile_drift_shard``: any worker takes it; one that waited a whole interval
+    expires), converge the deployments that ask for it, then advance every load in flight
+    that no worker holds (lost workers included)."""
+    interval = settings.SWITCHYARD_RECONCILE_INTERVAL_S
+    sent_at = time.time()
+    for index in range(settings.SWITCHYARD_SHARDS):
+        try:
+            reconcile_drift_shard.apply_async((index,), {"sent_at": sent_at},
+                                              queue=queue_of(self), expires=interval)
+        except BROKER_ERRORS as exc:
+            log.warning("could not send drift shard %s, the broker is unreachable (%s); the "
+                        "next tick sends it again", index, exc)
     consistency.converge_due()
     due = load_reconciler.due_loads()
     for load_id in due:
         advance_load.delay(load_id)
     return len(due)
+
+
+@shared_task(ignore_result=True)
+def reconcile_drift_shard(index: int, sent_at: float | None = None) -> dict[str, int]:
+    """Reconcile one shard's servers with what they report, under the shard's lease."""
+    return drift.reconcile_shard(index, sent_at=sent_at)
 
 
 @shared_task(bind=True, ignore_result=True)

@@ -8,7 +8,11 @@ with its last index and marks each version the server no longer reports as ready
 its quota is released, the load's timeline and the audit log say why, and a new load
 request loads it again. :func:`check_configs` does the same for the config a Triton version
 runs with (read from the server, at most every :data:`CONFIG_CHECK_EVERY_S` per server).
-The reconcile tick (``rollouts.tasks.reconcile_loads``) runs :func:`reconcile_all`.
+The reconcile tick (``rollouts.tasks.reconcile_loads``) sends one task per shard of the
+servers (``SWITCHYARD_SHARDS``, the health probes' shards), which any worker takes:
+:func:`reconcile_shard` reconciles that shard's servers under the shard's lease in Redis
+(``<prefix>:drift:shard:<n>``, ``fleet.inventory.shard_leases``), so workers share a fleet's
+servers and a worker that dies loses its shards by the second tick after.
 
 An index is trusted only when the last probe read it (a healthy server whose every call
 succeeded: an unreachable server's empty list means "unknown", not "empty"), and only for
@@ -17,19 +21,23 @@ loads that were ready before that probe started.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from fleet.adapters.base import READY, AdapterError
 from fleet.adapters.vllm import adapter_name
+from fleet.inventory import shard_leases
+from fleet.inventory.health import shard_of
 from fleet.inventory.runtimes import runtime_for
 from fleet.models import InferenceServer
 from rollouts.loads import reconciler
@@ -43,6 +51,9 @@ CLOCK_SKEW_S = 1.0
 # Index states of a version on its way somewhere: judged once it gets there.
 MOVING = ("LOADING", "UNLOADING")
 CONFIG_CHECK_EVERY_S = 30.0
+# A drift shard's lease never ends sooner: what reconciling a shard's servers may take (each
+# config read is bounded by the adapter's own timeout).
+SHARD_FLOOR_S = 10.0
 _config_checked: dict[int, float] = {}  # server id -> time.monotonic() of its last config check
 
 
@@ -210,10 +221,31 @@ def servers_shared() -> set[int]:
                .values_list("inferenceserver_id", flat=True))
 
 
-def reconcile_all(now: float | None = None) -> dict[str, int]:
-    """Reconcile every server that has ready loads; configs at most every
-    :data:`CONFIG_CHECK_EVERY_S` per server, and every health interval on a server of a
-    deployment of several servers (so that a config changed on one of them shows as a
+def reconcile_shard(index: int, count: int | None = None,
+                    sent_at: float | None = None) -> dict[str, int]:
+    """:func:`reconcile_all` over the servers of shard ``index`` of ``count`` (default
+    ``SWITCHYARD_SHARDS``), under the shard's lease, lasting until 1.9 reconcile intervals
+    after the tick that sent it (``sent_at``); ``{"skipped": 1}`` when another worker holds it."""
+    count = count or settings.SWITCHYARD_SHARDS
+    store = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    lease = store.lock(f"{settings.SWITCHYARD_REDIS_PREFIX}:drift:shard:{index}",
+                       timeout=shard_leases.seconds(settings.SWITCHYARD_RECONCILE_INTERVAL_S,
+                                                    SHARD_FLOOR_S, sent_at),
+                       blocking=False)
+    if not lease.acquire(token=shard_leases.token()):
+        return {"skipped": 1}
+    try:
+        return reconcile_all(servers=shard_of(InferenceServer.objects.all(), index, count))
+    finally:
+        with contextlib.suppress(redis.exceptions.LockError):
+            lease.release()
+
+
+def reconcile_all(now: float | None = None,
+                  servers: QuerySet[InferenceServer] | None = None) -> dict[str, int]:
+    """Reconcile every server that has ready loads (of ``servers``, default all); configs at
+    most every :data:`CONFIG_CHECK_EVERY_S` per server, and every health interval on a server
+    of a deployment of several servers (so that a config changed on one of them shows as a
     disagreement within a health tick). A server whose reconciliation fails is logged and
     skipped. Returns counts of what changed."""
     now = time.monotonic() if now is None else now
@@ -221,7 +253,8 @@ def reconcile_all(now: float | None = None) -> dict[str, int]:
     shared = servers_shared()
     # A Kubernetes workload's server is watched through its Deployment's readiness by the
     # workload reconciler, which owns what runs there (and the quota its pods hold).
-    servers = (InferenceServer.objects.filter(model_loads__state=State.READY)
+    servers = ((InferenceServer.objects.all() if servers is None else servers)
+               .filter(model_loads__state=State.READY)
                .exclude(source=InferenceServer.Source.MANAGED).distinct())
     for server in servers:
         try:
