@@ -175,7 +175,7 @@ def enqueued_loads(monkeypatch):
 @pytest.fixture(autouse=True)
 def drift_shards_in_process(monkeypatch):
     """The reconcile tick's drift shards run at once, in the test's process, as a worker
-    would run them (tests/rollouts/loads/test_drift.py checks what is sent)."""
+    would run them (tests/rollouts/loads/test_drift_shards.py checks what is sent)."""
     def run(args, kwargs=None, **_options):
         tasks.reconcile_drift_shard(*args, **(kwargs or {}))
 
