@@ -14,12 +14,14 @@ from rest_framework.routers import DefaultRouter
 from console import metrics
 from console import views as console_views
 from fleet.api.urls import router as fleet_router
+from rollouts.api.urls import extra_urls as rollouts_extra_urls
 from rollouts.api.urls import router as rollouts_router
 
 # One router, so the /api/v1/ index lists every endpoint.
 api_router = DefaultRouter()
 api_router.registry.extend([*fleet_router.registry, *rollouts_router.registry])
-api_v1 = api_router.urls
+# Views outside the router (each app's extra_urls) come first.
+api_v1 = [*rollouts_extra_urls, *api_router.urls]
 
 urlpatterns = [
     path("", include("console.urls_console")),

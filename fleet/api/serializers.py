@@ -15,7 +15,15 @@ from rest_framework import serializers
 
 from console.exceptions import messages_by_field
 from console.serializers import StrictFieldsMixin
-from fleet.models import APIToken, AuditEvent, Membership, Quota, QuotaRequest, Tenant
+from fleet.models import (
+    APIToken,
+    AuditEvent,
+    DevicePrice,
+    Membership,
+    Quota,
+    QuotaRequest,
+    Tenant,
+)
 from fleet.quota import requests as quota_requests
 from fleet.tenancy.scoping import is_platform_admin, role_in
 
@@ -333,3 +341,17 @@ class AuditEventSerializer(serializers.ModelSerializer):
             "id", "created_at", "tenant", "actor_label", "verb", "object_type", "object_id",
             "object_repr", "before", "after", "reason",
         ]
+
+
+class DevicePriceSerializer(ValidatedModelSerializer):
+    """What an hour of one unit of a device class costs (a GPU, or a model instance on CPU
+    nodes): set by platform admins, read by every member; versions' costs use it."""
+
+    # A number in and out (a decimal column: four places kept).
+    per_unit_hour = serializers.FloatField(
+        min_value=0, max_value=99_999_999, help_text="Price of one unit for one hour, in currency")
+
+    class Meta:
+        model = DevicePrice
+        fields = ["id", "device_class", "per_unit_hour", "currency", "updated_at"]
+        read_only_fields = ["updated_at"]

@@ -13,6 +13,7 @@ router.register("quota-requests", views.QuotaRequestViewSet, basename="quotarequ
 router.register("clusters", views.ClusterViewSet, basename="cluster")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("gpus", views.GPUViewSet, basename="gpu")
+router.register("device-prices", views.DevicePriceViewSet, basename="deviceprice")
 router.register("servers", views.InferenceServerViewSet, basename="server")
 router.register("audit-events", views.AuditEventViewSet, basename="auditevent")
 router.register("webhooks", WebhookViewSet, basename="webhook")

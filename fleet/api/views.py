@@ -39,6 +39,7 @@ from fleet.models import (
     AuditEvent,
     Cluster,
     ClusterSync,
+    DevicePrice,
     InferenceServer,
     Node,
     Quota,
@@ -311,6 +312,15 @@ class GPUFilterSet(FilterSet):
     class Meta:
         model = GPU
         fields = ["node", "device_class"]
+
+
+class DevicePriceViewSet(AuditedFleetViewSet):
+    """Prices per device class (an hour of one unit): platform admins set them, every member
+    reads them; what versions cost is read with them (``/versions/{id}/cost/``)."""
+
+    queryset = DevicePrice.objects.all()
+    serializer_class = s.DevicePriceSerializer
+    filterset_fields = ["device_class"]
 
 
 class GPUViewSet(AuditedFleetViewSet):

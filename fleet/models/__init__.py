@@ -1,6 +1,6 @@
 from .audit import AuditEvent
 from .inventory import GPU, Cluster, ClusterSync, InferenceServer, Node
-from .quotas import Placement, Quota, QuotaRequest
+from .quotas import DevicePrice, Placement, Quota, QuotaRequest
 from .tenancy import APIToken, Cohort, Membership, Tenant, TenantNamespace
 from .webhooks import Webhook, WebhookDelivery
 
@@ -11,6 +11,7 @@ __all__ = [
     "Cluster",
     "ClusterSync",
     "Cohort",
+    "DevicePrice",
     "InferenceServer",
     "Membership",
     "Node",

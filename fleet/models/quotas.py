@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
-from fleet.tenancy.scoping import scoped_manager
+from fleet.tenancy.scoping import FleetQuerySet, scoped_manager
 
 from .inventory import InferenceServer
 from .tenancy import Tenant, slug_validator
@@ -150,3 +153,27 @@ class QuotaRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} {self.device_class}: {self.units} units, {self.memory_mib} MiB"
+
+
+class DevicePrice(models.Model):
+    """What an hour of one unit of a device class costs (a GPU of ``nvidia-a100-80gb``, a model
+    instance of ``cpu``), set by platform admins: it turns the GPU-seconds a version holds and
+    uses into money (``rollouts.registry.costs``). Readable by every tenant member."""
+
+    device_class = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    per_unit_hour = models.DecimalField(
+        max_digits=12, decimal_places=4, validators=[MinValueValidator(Decimal(0))],
+        help_text="Price of one unit for one hour, in ``currency``")
+    currency = models.CharField(
+        max_length=3, default="USD", validators=[RegexValidator(r"^[A-Z]{3}$", "three capital "
+                                                                "letters, e.g. USD")],
+        help_text="ISO 4217 code, e.g. USD or EUR")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = FleetQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["device_class"]
+
+    def __str__(self) -> str:
+        return f"{self.device_class}: {self.per_unit_hour} {self.currency}/unit-hour"

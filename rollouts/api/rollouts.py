@@ -51,6 +51,7 @@ from rollouts.models import (
     RolloutEvent,
     Route,
 )
+from rollouts.registry import costs
 
 MAX_VERSION = 2**31 - 1  # what a version number column holds
 EVENTS_SHOWN = 200  # a rollout's detail carries the newest events of its timeline, oldest first
@@ -454,6 +455,20 @@ class RolloutViewSet(
         found = rollout.request_action(request.user, self.get_object(), what,
                                        body.validated_data["reason"])
         return self._answer(found.pk, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses={200: OpenApiResponse(description=(
+        "source (benchmark or live), change_pct (+18: the candidate costs 18% more per "
+        "request), message, and the candidate's and the baseline's readings")),
+        400: OpenApiResponse(description="an A/B split has no candidate and baseline")})
+    @action(detail=True, methods=["get"])
+    def cost(self, request: Request, pk: str | None = None) -> Response:
+        """What the candidate costs per request against the baseline, before it is promoted
+        ("v3 costs 18% more per request than v1")."""
+        rollout = self.get_object()
+        if rollout.strategy != Rollout.Strategy.CANARY or rollout.candidate is None:
+            raise DomainError("an A/B split has no candidate and baseline to compare",
+                              field="strategy")
+        return Response(costs.compare(rollout.candidate, rollout.baseline))
 
     @extend_schema(request=DecisionSerializer,
                    responses={202: RolloutDetailSerializer, 409: ACTION_CONFLICT})

@@ -1,7 +1,9 @@
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from rollouts.api import (
                 benchmarks,
+                costs,
                 metric_templates,
                 rollouts,
                 routes,
@@ -24,4 +26,6 @@ router.register("benchmarks", benchmarks.BenchmarkJobViewSet, basename="benchmar
 router.register("slo-alerts", slo_alerts.SloAlertViewSet, basename="sloalert")
 router.register("workloads", workloads.WorkloadViewSet, basename="workload")
 
-urlpatterns = router.urls
+# The API's views outside the router (console/urls.py puts them under /api/v1/ too).
+extra_urls = [path("chargeback/", costs.ChargebackView.as_view(), name="chargeback")]
+urlpatterns = [*extra_urls, *router.urls]

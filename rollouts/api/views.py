@@ -28,6 +28,7 @@ from fleet.api.refs import IdOrNameFilter
 from fleet.models import Cluster, InferenceServer, Membership
 from rollouts.api import serializers as s
 from rollouts.api.consistency import ConsistencySerializer, ConvergeSerializer
+from rollouts.api.costs import version_cost
 from rollouts.api.filters import DeploymentFilter
 from rollouts.deployments import consistency
 from rollouts.deployments import lifecycle as deployments
@@ -222,6 +223,19 @@ class ModelVersionViewSet(
     def archive(self, request: Request, pk: str | None = None) -> Response:
         """Archive an approved, rejected or never-requested version (approver role)."""
         return self._decide(request, approvals.archive)
+
+    @extend_schema(responses={200: OpenApiResponse(description=(
+        "benchmark and live readings (unit-seconds per 1,000 requests, price per 1,000 in the "
+        "device class's currency, the numbers read), the version it would replace "
+        "(replaces) and the comparison with it (compared.change_pct: +18 is 18% more per "
+        "request)"))})
+    @action(detail=True, methods=["get"])
+    def cost(self, request: Request, pk: str | None = None) -> Response:
+        """What the version costs per 1,000 requests: GPU-seconds (model-instance-seconds on
+        CPU nodes) from its benchmark's most load within the SLO and from live traffic, and
+        money where its device class has a price; and how it compares with the version it
+        would replace (the model's production alias)."""
+        return Response(version_cost(self.get_object()))
 
 
 class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):

@@ -35,6 +35,7 @@ from rollouts.canary.pages import (
 )
 from rollouts.deployments.pages import job_list_context, render_deployment, visible_deployment
 from rollouts.models import Rollout
+from rollouts.registry import costs
 from rollouts.traffic import samples
 
 LIVE_EVENTS = 5  # the live part's last events
@@ -88,6 +89,10 @@ def _render_rollout(request: HttpRequest, rollout: Rollout, form: RolloutActionF
         "events": events,
         "events_cut": rollout.events.count() > len(events),
         "interim": interim_ab_verdict(rollout),
+        # What the candidate costs per request against the baseline, before it is promoted.
+        "cost_compared": (costs.compare(rollout.candidate, rollout.baseline)
+                          if rollout.strategy == Rollout.Strategy.CANARY and rollout.candidate
+                          and rollout.baseline else None),
         "chart_window_s": chart_window(rollout),
         # Route samples are kept 15 minutes: a chart of an older rollout would be empty.
         "show_chart": rollout.is_active or (

@@ -22,7 +22,7 @@ from fleet.tenancy.scoping import has_role, require_role
 from rollouts.benchmarks.pages import version_benchmark_context
 from rollouts.canary.pages import actions_for
 from rollouts.models import Model, ModelVersion, Rollout
-from rollouts.registry import approvals
+from rollouts.registry import approvals, costs
 from rollouts.registry.forms import (
     AliasForm,
     ModelCreateForm,
@@ -132,8 +132,16 @@ def _render_version(
         "can_decide": has_role(request.user, tenant, Membership.Role.APPROVER),
         "is_requester": approvals.is_requester(request.user, version),
         "form": form,
-    } | version_benchmark_context(version)
+    } | version_benchmark_context(version) | cost_context(version)
     return render(request, "rollouts/version_detail.html", context, status=status)
+
+
+def cost_context(version: ModelVersion) -> dict[str, Any]:
+    """What the version costs (``rollouts.registry.costs``), for its page."""
+    found = [r for r in (costs.benchmark_reading(version), costs.live_reading(version)) if r]
+    other = costs.replaced(version)
+    return {"cost_readings": found,
+            "cost_compared": costs.compare(version, other) if other else None}
 
 
 @login_required
