@@ -93,6 +93,14 @@ STEP_SCHEMAS: list[dict[str, Any]] = [
          "properties": {"max_drop_pct": {"type": "number", "minimum": 0, "maximum": 100,
                                          "default": 10},
                         "mode": {"type": "string", "enum": ["concurrency", "rate"]}}}}},
+    {"type": "object", "required": ["cost"], "additionalProperties": False,
+     "properties": {"cost": {
+         "type": "object", "additionalProperties": False,
+         "description": ("The candidate may cost at most max_increase_pct more per request "
+                         "than the baseline (their benchmarks, else their live traffic); "
+                         "without a reading of both the rollout pauses for a person"),
+         "properties": {"max_increase_pct": {"type": "number", "minimum": 0, "maximum": 1000,
+                                             "default": 10}}}}},
     {"type": "object", "required": ["confirm"], "additionalProperties": False,
      "properties": {"confirm": {
          "type": "object", "required": ["webhook"], "additionalProperties": False,

@@ -65,6 +65,9 @@ def describe_step(step: dict[str, Any]) -> str:
     if kind == "benchmark":
         return (f"benchmark gate: capacity within its SLO at most {value['max_drop_pct']:g}% "
                 "below the stable version's")
+    if kind == "cost":
+        return (f"cost gate: at most {value['max_increase_pct']:g}% more per request than the "
+                "stable version")
     return "approval by an approver who is not the requester"
 
 

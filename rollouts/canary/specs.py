@@ -16,6 +16,11 @@ A canary's steps::
                                     the candidate's max load within its SLO (its newest
                                     benchmark) may fall below the baseline's by at most 10%;
                                     without a benchmark of both it pauses for a person
+    {"cost": {"max_increase_pct": 10}}
+                                    the candidate may cost at most 10% more per request than
+                                    the baseline (``rollouts.registry.costs``: their benchmarks,
+                                    else their live traffic); without a reading of both it
+                                    pauses for a person
     {"shadow": {"percent": 100, ...}}
                                     before the candidate serves anyone: copies of ``percent``
                                     of the requests go to it (its answers discarded) and each
@@ -87,7 +92,7 @@ def parse_steps(raw: object, webhooks: Collection[str] | None = None) -> list[di
         where = f"steps[{index}]"
         if not isinstance(step, dict) or len(step) != 1:
             raise DomainError("a step is an object with one of set_weight, pause, analysis, "
-                              "approval, benchmark, shadow, confirm", field=where)
+                              "approval, benchmark, cost, shadow, confirm", field=where)
         (kind, value), = step.items()
         if kind == "set_weight":
             if not is_number(value) or value != int(value) or not 0 <= value <= 100:
@@ -111,6 +116,8 @@ def parse_steps(raw: object, webhooks: Collection[str] | None = None) -> list[di
             out.append({"approval": {}})
         elif kind == "benchmark":
             out.append({"benchmark": _parse_benchmark_step(value, where)})
+        elif kind == "cost":
+            out.append({"cost": _parse_cost_step(value, where)})
         elif kind == "confirm":
             out.append({"confirm": _parse_confirm_step(value, where, webhooks)})
         elif kind == "shadow":
@@ -121,7 +128,7 @@ def parse_steps(raw: object, webhooks: Collection[str] | None = None) -> list[di
             out.append({"shadow": _parse_shadow_step(value, where)})
         else:
             raise DomainError(f"unknown step {str(kind)[:40]!r}: set_weight, pause, analysis, "
-                              "approval, benchmark, shadow or confirm", field=where)
+                              "approval, benchmark, cost, shadow or confirm", field=where)
     return out
 
 
@@ -183,6 +190,19 @@ def _parse_benchmark_step(value: object, where: str) -> dict[str, Any]:
     if mode not in (None, "concurrency", "rate"):
         raise DomainError("mode is concurrency or rate", field=where)
     return {"max_drop_pct": float(drop), **({"mode": mode} if mode else {})}
+
+
+def _parse_cost_step(value: object, where: str) -> dict[str, Any]:
+    """``{"max_increase_pct": N}``: 0 to 1000 (default 10)."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict) or set(value) - {"max_increase_pct"}:
+        raise DomainError('cost is {"max_increase_pct": N}', field=where)
+    most = value.get("max_increase_pct", 10)
+    if not is_number(most) or not 0 <= most <= 1000:
+        raise DomainError(f"max_increase_pct is a percentage from 0 to 1000, got {most!r}"[:200],
+                          field=where)
+    return {"max_increase_pct": float(most)}
 
 
 def find_version(deployment: Deployment, number: object, field: str) -> ModelVersion:

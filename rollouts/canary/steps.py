@@ -20,6 +20,7 @@ from rollouts.benchmarks import results as benchmark_results
 from rollouts.canary import actions, analysis
 from rollouts.canary.timeline import record_event
 from rollouts.models import Rollout, RolloutAnalysis, RolloutEvent
+from rollouts.registry import costs
 
 State = Rollout.State
 Kind = RolloutEvent.Kind
@@ -306,12 +307,36 @@ def _benchmark_step(rollout: Rollout, value: dict[str, Any]) -> bool:
     return False
 
 
+def _cost_step(rollout: Rollout, value: dict[str, Any]) -> bool:
+    """The cost gate: the candidate's cost per request against the baseline's, kept in the
+    timeline's data like every other judgement."""
+    found = costs.compare(rollout.candidate, rollout.baseline)
+    most = value.get("max_increase_pct", 10)
+    step = f"step {rollout.step_index + 1}: cost gate"
+    data = {"cost": {**found, "max_increase_pct": most}}
+    change = found["change_pct"]
+    if change is None:
+        actions.move(rollout, State.PAUSED, f"{step}: {found['message']}", data=data,
+                     waiting_for="a person: the cost gate has nothing to compare (benchmark "
+                                 "both versions, or let both serve traffic, then resume to judge "
+                                 "again; promote skips it)")
+        return False
+    if change <= most:
+        actions.next_step(rollout, f"{step} passed: {found['message']} (at most {most:g}% more "
+                                   "allowed)", data=data)
+        return True
+    actions.back_to_baseline(rollout, f"{step} failed: {found['message']} (at most {most:g}% "
+                                      "more allowed)", State.ROLLED_BACK, data=data)
+    return False
+
+
 STEP_KINDS: dict[str, Callable[[Rollout, Any], bool]] = {
     "set_weight": _set_weight,
     "pause": _pause,
     "analysis": _analysis_step,
     "approval": _approval_step,
     "benchmark": _benchmark_step,
+    "cost": _cost_step,
     "shadow": _shadow_step,
     "confirm": _confirm_step,
 }

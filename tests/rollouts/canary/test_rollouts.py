@@ -825,6 +825,41 @@ def test_the_benchmark_gate_rolls_back_a_canary_that_carries_less_load_before_an
         load_reconciler.run_to_end(load.pk)
 
 
+def test_the_cost_gate_rolls_back_a_canary_that_costs_more_per_request(stack):
+    """Both versions benchmarked for real: v3 sleeps three times as long per request, so each
+    model instance serves about a third of v1's requests within the SLO and v3 costs about
+    three times as much per request, past the 10% more allowed. The readings are the recorded
+    numbers, computed by hand, and the evidence is kept on the rollback."""
+    from rollouts.models import BenchmarkJob
+    from rollouts.registry import costs
+
+    world = stack
+    world.version(3, config=slow_config(3, 12))
+    _benchmark(world, 1)
+    _benchmark(world, 3)
+    for number in (1, 3):
+        version = world.model.versions.get(version=number)
+        job = BenchmarkJob.objects.filter(version=version).latest("finished_at")
+        reading = costs.benchmark_reading(version)
+        units = reading.numbers["units"]
+        by_hand = units * 1000 / job.summary["best"]["max_load_rps"]
+        assert reading.unit_seconds_per_1000 == pytest.approx(by_hand, rel=0.01)
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"cost": {"max_increase_pct": 10}}, {"set_weight": 50}],
+    )
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    assert "cost gate failed" in ended.reason and "more per request than v1" in ended.reason
+    evidence = ended.events.get(kind="rollback").data["cost"]
+    assert evidence["source"] == "benchmark" and evidence["change_pct"] > 100
+    assert evidence["max_increase_pct"] == 10
+    assert Route.objects.get(pk=world.deployment.pk).version_weights.get(3, 0) == 0
+    for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
+        load_reconciler.run_to_end(load.pk)
+
+
 def test_the_benchmark_gate_without_benchmarks_pauses_for_a_person(stack):
     world = stack
     world.version(2, config=slow_config(2, 4))

@@ -216,3 +216,17 @@ def test_a_canary_shows_its_candidates_cost_against_its_baseline_before_promotio
         baseline=world.v1, state=Rollout.State.SUCCEEDED, steps=[], weights={"1": 50, "2": 50})
     refused = client_for(bob).get(f"/api/v1/rollouts/{split.pk}/cost/")
     assert refused.status_code == 400 and "strategy" in refused.json()
+
+
+def test_the_cost_step_is_checked_when_a_rollout_is_asked_for():
+    from console.exceptions import DomainError
+    from rollouts.canary import specs as rollout_specs
+
+    assert rollout_specs.parse_steps([{"cost": {}}]) == [{"cost": {"max_increase_pct": 10.0}}]
+    assert rollout_specs.parse_steps([{"cost": {"max_increase_pct": 0}}])[0] == {
+        "cost": {"max_increase_pct": 0.0}}
+    for bad in ({"max_increase_pct": -1}, {"max_increase_pct": 1001}, {"max_increase_pct": "x"},
+                {"max_increase_pct": float("nan")}, {"other": 1}, []):
+        with pytest.raises(DomainError) as caught:
+            rollout_specs.parse_steps([{"set_weight": 5}, {"cost": bad}])
+        assert caught.value.field == "steps[1]"
