@@ -15,6 +15,7 @@ from fleet.models import (
     AuditEvent,
     Cluster,
     Cohort,
+    DevicePrice,
     InferenceServer,
     Membership,
     Node,
@@ -97,6 +98,12 @@ class TenantNamespaceInline(admin.TabularInline):
         if db_field.name == "cluster":
             kwargs["queryset"] = Cluster.objects.filter(kind=Cluster.Kind.KUBERNETES)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+@admin.register(DevicePrice)
+class DevicePriceAdmin(AuditedAdmin):
+    list_display = ["device_class", "per_unit_hour", "currency", "updated_at"]
+    search_fields = ["device_class"]
 
 
 @admin.register(Tenant)

@@ -19,6 +19,7 @@ urlpatterns = [
     path("models/<int:pk>/aliases/", registry_views.alias_set, name="alias-set"),
     path("approvals/", registry_views.approval_queue, name="approvals"),
     path("versions/<int:pk>/", registry_views.version_detail, name="version"),
+    path("costs/", registry_views.costs_page, name="costs"),
     path("versions/<int:pk>/<slug:action>/", registry_views.version_action, name="version-action"),
     path("deployments/", deployment_views.deployment_list, name="deployments"),
     path("deployments/new/", deployment_views.deployment_create, name="deployment-create"),

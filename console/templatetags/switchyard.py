@@ -138,7 +138,8 @@ def nav_section(match: ResolverMatch | None) -> str:
         return "fleet"
     if namespace == "rollouts":
         for prefixes, section in ((("deployment", "load", "workload"), "deployments"),
-                                  (("rollout",), "rollouts"), (("benchmark",), "benchmarks")):
+                                  (("rollout",), "rollouts"), (("benchmark",), "benchmarks"),
+                                  (("costs",), "costs")):
             if name.startswith(prefixes):
                 return section
         return "registry"

@@ -5,6 +5,7 @@ approval actions and the approvals queue. Forms call the domain functions the AP
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django.contrib import messages
@@ -13,12 +14,13 @@ from django.db.models import Count, Max, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from console.forms import next_or
 from console.paging import paginate, querystring_without_page
-from fleet.models import AuditEvent, Membership, Placement, Tenant
-from fleet.tenancy.scoping import has_role, require_role
+from fleet.models import AuditEvent, DevicePrice, Membership, Placement, Tenant
+from fleet.tenancy.scoping import has_role, require_role, tenant_roles
 from rollouts.benchmarks.pages import version_benchmark_context
 from rollouts.canary.pages import actions_for
 from rollouts.models import Model, ModelVersion, Rollout
@@ -265,3 +267,33 @@ def approval_queue(request: HttpRequest) -> HttpResponse:
     return render(request, "rollouts/approvals.html", {
         "versions": versions, "rollouts": rollouts, "tenant": tenant_filter,
     })
+
+
+@login_required
+def costs_page(request: HttpRequest) -> HttpResponse:
+    """What each of the viewer's tenants held, per day this month or per month this year,
+    priced where the platform has priced its device class; the prices."""
+    period = "month" if request.GET.get("period") == "month" else "day"
+    now = timezone.now().astimezone(UTC)
+    start = (now.replace(day=1) if period == "day" else now.replace(month=1, day=1)).replace(
+        hour=0, minute=0, second=0, microsecond=0)
+    roles = tenant_roles(request.user)
+    rows = costs.chargeback(None if roles is None else sorted(roles), start, now, period)
+    return render(request, "rollouts/costs.html", {
+        "period": period, "rows": rows, "start": start, "end": now,
+        "prices": DevicePrice.objects.visible_to(request.user),
+        "totals": _totals(rows),
+    })
+
+
+def _totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per tenant and device class over the whole page: unit-hours and cost."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        total = found.setdefault((row["tenant"], row["device_class"]), {
+            "tenant": row["tenant"], "device_class": row["device_class"], "unit_hours": 0.0,
+            "cost": None, "currency": row["currency"]})
+        total["unit_hours"] += row["unit_hours"]
+        if row["cost"] is not None:
+            total["cost"] = (total["cost"] or 0.0) + row["cost"]
+    return list(found.values())

@@ -41,6 +41,7 @@ from fleet.models import (
     Cluster,
     InferenceServer,
     Membership,
+    Placement,
     QuotaRequest,
     Webhook,
     WebhookDelivery,
@@ -129,6 +130,20 @@ class World(ApiWorld):
         """Version 1 of model A ready on the server, so it can be unloaded."""
         ModelLoad.objects.filter(pk=self.load_a.pk).update(state=ModelLoad.State.READY)
         return fresh(self.load_a)
+
+    # --- costs: what each tenant held this month (a placement a tenant)
+    def _held(self, tenant: Any, version: ModelVersion) -> Placement:
+        return Placement.objects.create(
+            tenant=tenant, server=self.server, model_version=version, device_class="cpu",
+            units=1, memory_mib=1, state=Placement.State.ACTIVE)
+
+    @cached_property
+    def held_a(self) -> Placement:
+        return self._held(self.tenant_a, self.version_a)
+
+    @cached_property
+    def held_b(self) -> Placement:
+        return self._held(self.tenant_b, self.version_b)
 
     # --- rollouts (rows in the state each call needs; requested by dave)
     def _rollout(self, deployment: Deployment, state: str, **fields: Any) -> Rollout:
@@ -549,6 +564,9 @@ PAGES: list[Page] = [
          data=lambda w: {"strategy": "canary", "version": str(w.spare_a.version),
                          "steps": '[{"set_weight": 50}, {"pause": {}}]'},
          done=lambda w, p: Rollout.objects.filter(deployment=w.deployment_a).exists()),
+    # --- costs: the chargeback shows only the caller's tenants' rows
+    Page("rollouts:costs", scope="list", rows=(":tenant-a:cpu", ":tenant-b:cpu"),
+         setup=("held_a", "held_b")),
     # --- benchmarks: the list, a job's page and live part, cancel and register-config, two
     # compared, the start form on the deployment page
     Page("rollouts:benchmarks", scope="list", rows=("dep-a", "dep-b"),
