@@ -44,12 +44,9 @@ class ChargebackCSVRenderer(BaseRenderer):
     def render(self, data: Any, accepted_media_type: str | None = None,
                renderer_context: dict[str, Any] | None = None) -> bytes:
         out = io.StringIO()
-        if isinstance(data, dict) and "rows" in data:
-            writer = csv.DictWriter(out, fieldnames=CHARGEBACK_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(data["rows"])
-        else:  # a refusal: its JSON body, as the API answers it
-            out.write(JSONRenderer().render(data).decode())
+        writer = csv.DictWriter(out, fieldnames=CHARGEBACK_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(data["rows"])
         return out.getvalue().encode()
 
 
@@ -85,9 +82,25 @@ class ChargebackView(APIView):
                              "visible)"),
             OpenApiParameter("format", str, enum=["json", "csv"]),
         ],
-        responses={200: OpenApiResponse(description="rows: period, tenant, device_class, "
-                                                    "unit_seconds, unit_hours, cost, currency")},
+        responses={
+            (200, "application/json"): OpenApiResponse(description=(
+                "period, from, to and rows: period, tenant, device_class, unit_seconds, "
+                "unit_hours, cost, currency")),
+            (200, "text/csv"): OpenApiResponse(description="the rows, with a header line"),
+            (400, "application/json"): OpenApiResponse(description="the parameter at fault"),
+        },
     )
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        # Only the rows are CSV: a refusal naming the parameter, or what OPTIONS describes,
+        # is JSON whatever format was asked for.
+        response = super().finalize_response(request, response, *args, **kwargs)
+        data = getattr(response, "data", None)
+        if not (isinstance(data, dict) and "rows" in data):
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = JSONRenderer.media_type
+        return response
+
     def get(self, request: Request) -> Response:
         period = request.query_params.get("period", "day")
         if period not in ("day", "month"):

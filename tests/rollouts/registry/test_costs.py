@@ -146,6 +146,8 @@ def test_the_api_answers_cost_and_chargeback_to_members_only(world, client_for, 
     assert as_csv.status_code == 200 and as_csv["Content-Type"].startswith("text/csv")
     parsed = list(csv.DictReader(io.StringIO(as_csv.content.decode())))
     assert [r["tenant"] for r in parsed] == [r["tenant"] for r in rows]
+    described = mine.options("/api/v1/chargeback/?format=csv")
+    assert described.status_code == 200 and described["Content-Type"] == "application/json"
 
 
 @pytest.mark.parametrize(("query", "field"), [
@@ -154,9 +156,10 @@ def test_the_api_answers_cost_and_chargeback_to_members_only(world, client_for, 
     ("from=0001-01-01", "from"), ("to=2026-11-01%00", "to"),
 ])
 def test_bad_chargeback_input_is_a_400_naming_the_field(client_for, bob, query, field):
-    answer = client_for(bob).get(f"/api/v1/chargeback/?{query}")
-    assert answer.status_code == 400, answer.content
-    assert field in answer.json()
+    for asked in (query, f"{query}&format=csv"):  # a refusal is JSON either way
+        answer = client_for(bob).get(f"/api/v1/chargeback/?{asked}")
+        assert answer.status_code == 400, answer.content
+        assert answer["Content-Type"] == "application/json" and field in answer.json()
 
 
 def test_prices_are_set_by_platform_admins_and_read_by_members(client_for, root, alice, bob):
