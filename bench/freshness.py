@@ -50,6 +50,7 @@ from loads import (
     SIGNALS,
     STOP,
     check_stop,
+    migrate,
     on_signal,
     prepare_environment,
     run_bench,
@@ -160,10 +161,9 @@ def setup_django(redis_url: str) -> None:
     os.environ["REDIS_URL"] = redis_url
     os.environ["SWITCHYARD_REDIS_PREFIX"] = REDIS_PREFIX
     import django
-    from django.core.management import call_command
 
     django.setup()
-    call_command("migrate", verbosity=0, interactive=False)
+    migrate()
 
 
 # --------------------------------------------------------------------------------------------

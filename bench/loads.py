@@ -98,12 +98,32 @@ def prepare_environment(tmp: Path) -> Path:
     return data_dir
 
 
-def setup_django() -> None:
-    import django
+MIGRATED_SQLITE_ENV = "SWITCHYARD_BENCH_MIGRATED_SQLITE"
+
+
+def migrate() -> None:
+    """Migrate the bench's database (after ``django.setup()``). Where
+    ``$SWITCHYARD_BENCH_MIGRATED_SQLITE`` names a SQLite file migrated already (the suite's
+    smoke tests make one a session) and the bench's database is a SQLite file not made yet,
+    that file is copied in first: migrate then applies only what the copy lacks, instead of
+    every migration from nothing (~7 s of CPU a bench)."""
+    from django.conf import settings
     from django.core.management import call_command
 
-    django.setup()
+    migrated = os.environ.get(MIGRATED_SQLITE_ENV)
+    database = settings.DATABASES["default"]
+    if migrated and database["ENGINE"] == "django.db.backends.sqlite3":
+        target = Path(database["NAME"])
+        if not target.exists():
+            shutil.copyfile(migrated, target)
     call_command("migrate", verbosity=0, interactive=False)
+
+
+def setup_django() -> None:
+    import django
+
+    django.setup()
+    migrate()
     # No Celery: the bench advances loads itself; nothing is sent to a broker.
     import console.celery
 

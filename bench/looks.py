@@ -75,11 +75,12 @@ def setup(tmp: Path, redis_url: str, database_url: str = "", migrate: bool = Tru
     })
     sys.path.insert(0, str(REPO_ROOT))
     import django
-    from django.core.management import call_command
 
     django.setup()
     if migrate:
-        call_command("migrate", verbosity=0, interactive=False)
+        from loads import migrate as migrate_database
+
+        migrate_database()
     return prefix
 
 
