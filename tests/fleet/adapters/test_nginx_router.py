@@ -912,6 +912,16 @@ def test_an_llm_routes_streamed_answers_are_timed_token_by_token(
     assert router.remove(spec.name)
 
 
+def test_a_kserve_route_gets_no_token_timing_even_where_nginx_has_lua(router, local_triton):
+    """Triton's answers are not token streams: its routes pass through untouched."""
+    assert router.token_timing
+    url = router.apply(fraud_route("dep-76", local_triton, 100, 0)).url
+    text = (router.routes_dir / "dep-76.conf").read_text()
+    assert "body_filter_by_lua" not in text and "sy_tokens" not in text
+    assert sum(split_of(url, 3).values()) == 3
+    assert router.remove("dep-76")
+
+
 VLLM_TOKENS = 12
 
 
