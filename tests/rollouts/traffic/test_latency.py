@@ -172,3 +172,34 @@ def test_a_vllm_deployment_shows_time_to_first_token_and_inter_token_latency(loc
     assert 0 < point["ttft_p50_ms"] < 60_000
     assert 0 < point["itl_p50_ms"] < 60_000
     assert point["p50_ms"] >= point["ttft_p50_ms"]
+
+
+def test_a_versions_live_cost_is_what_its_placement_held_over_what_it_served(deployment,
+                                                                            local_triton):
+    """Real requests to v1 on the real Triton, rolled up by the scraper: the live cost per
+    1,000 requests is the unit-seconds its placement held over the requests served, as
+    computed by hand from the recorded rows, within 1%."""
+    from fleet.models import Placement
+    from rollouts.registry import costs
+    from tests.factories import ModelVersionFactory
+
+    v1 = ModelVersionFactory(model=deployment.model, version=1)
+    server = deployment.servers.get()
+    placement = Placement.objects.create(
+        tenant=deployment.tenant, server=server, model_version=v1, device_class="cpu", units=2,
+        memory_mib=64, state=Placement.State.ACTIVE)
+    Placement.objects.filter(pk=placement.pk).update(
+        created_at=timezone.now() - timedelta(minutes=10))
+    latency.tick()
+    infer(local_triton, 1, 150)
+    time.sleep(0.2)
+    latency.tick()
+    end = timezone.now()
+
+    reading = costs.live_reading(v1, end=end)
+
+    served = sum(LatencyRollup.objects.filter(deployment=deployment, label="v1")
+                 .values_list("requests", flat=True))
+    held_s = 2 * (end - Placement.objects.get(pk=placement.pk).created_at).total_seconds()
+    assert served == 150 == reading.numbers["requests"]
+    assert reading.unit_seconds_per_1000 == pytest.approx(held_s * 1000 / served, rel=0.01)
