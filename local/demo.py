@@ -22,7 +22,17 @@ from django.db import transaction
 
 from console.exceptions import DomainError
 from fleet import audit
-from fleet.models import GPU, Cluster, Cohort, InferenceServer, Membership, Node, Quota, Tenant
+from fleet.models import (
+    GPU,
+    Cluster,
+    Cohort,
+    DevicePrice,
+    InferenceServer,
+    Membership,
+    Node,
+    Quota,
+    Tenant,
+)
 from local import cluster as local_cluster
 from local.triton import DEMO_MODELS_DIR
 from rollouts.loads import reconciler as load_reconciler
@@ -280,6 +290,12 @@ def _seed(password: str, store: object) -> None:
                       "borrowing_limit_units": borrow_units,
                       "borrowing_limit_memory_mib": borrow_memory},
         )
+
+    # What an hour of each class costs: the versions' pages and the Costs page show money.
+    for device_class, price in (("cpu", "0.05"), ("nvidia-a100-80gb", "3.40"),
+                                ("nvidia-l4", "0.80")):
+        DevicePrice.objects.get_or_create(device_class=device_class,
+                                          defaults={"per_unit_hour": price, "currency": "USD"})
 
     _seed_gpu_inventory()
     server = local_cluster.register_configured()
