@@ -24,6 +24,7 @@ from local.vllm import (
     stop_pid,
 )
 from tests.fixtures.triton import switchyard_data_dir
+from tests.fixtures.vllm import models_home
 
 pytestmark = pytest.mark.vllm
 
@@ -164,7 +165,7 @@ def test_a_server_stopped_from_its_pid_leaves_no_process_and_no_scratch(
 def test_ensure_runtime_and_model_are_quick_the_second_time(vllm_runtime: VLLMRuntime):
     started = time.monotonic()
     again = ensure_runtime(switchyard_data_dir())
-    model = ensure_base_model(again, switchyard_data_dir())
+    model = ensure_base_model(again, models_home(again))
     assert time.monotonic() - started < 2.0
     assert again == vllm_runtime
     assert (model / "config.json").is_file()
