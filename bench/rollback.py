@@ -324,6 +324,13 @@ def run_canary(world: World, rec: Reconciler, number: int, stable: int) -> dict[
         result["onset_to_promoted_s"] = (ended.finished_at - onset.created_at).total_seconds()
     if back is not None:
         result["back_at"] = back.created_at.timestamp()
+    # Each analysis step's last look: where the canary stood at each weight.
+    result["analyses"] = [
+        {"step": a.step_index, "weight": a.weight, "verdict": a.verdict,
+         "canary_samples": (a.judgement or {}).get("canary_samples", 0),
+         "median_pct": next((m["shown"].get("estimate") for m in (a.judgement or {}).get(
+             "metrics") or [] if m.get("name") == "median" and m.get("shown")), None)}
+        for a in RolloutAnalysis.objects.filter(rollout=ended).order_by("step_index", "pk")]
     if last is not None:
         judged = last.judgement or {}
         result["canary_samples"] = judged.get("canary_samples", 0)
