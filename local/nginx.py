@@ -99,7 +99,7 @@ class NginxProcess:
             "prefix": self.prefix,
             "status_url": self.status_url,
             "error_log": self.error_log,
-            "load_modules": self.modules,
+            "load_modules": list(self.modules),
         }
 
     def stop(self, timeout: float = 10.0) -> None:
