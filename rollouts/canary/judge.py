@@ -20,10 +20,9 @@ What it judges, as users feel it (each a *metric*, with its own tolerance):
   counted apart. Only answered requests (below 400) and timed-out ones (at least as slow as
   they waited) enter the latency metrics (:class:`rollouts.canary.arms.Arm`), so fast
   failures cannot make a canary look fast, nor do requests that never end drop out;
-* on an LLM route (``streamed``), ``ttft`` and ``tpot``: the streamed answers' time to the
-  first token and time per output token after it, median over median
-  (:func:`streamed_ratio`); where the router does not count tokens, ``generation`` (the
-  time after the first token) in ``tpot``'s place.
+* on an LLM route (``streamed``), ``ttft`` and ``tpot``: the streamed answers' time to the first
+  token and per output token after it, median over median (:func:`streamed_ratio`); without
+  token counts from the router, ``generation`` (the time after the first token) for ``tpot``.
 
 And the SLO gates: the canary alone against the ceilings set (p50/p95/p99 in ms, error rate in
 percent), failing it when it is *shown* above one.
@@ -395,22 +394,10 @@ def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, toleranc
 
 def streamed_ratio(name: str, canary_ms: np.ndarray, baseline_ms: np.ndarray,
                    tolerance_pct: float, alpha: float) -> Metric:
-    """An LLM route's streamed answers, median over median (a guard): ``ttft``, the time to
-    the first token, ``tpot``, the time per output token after it, or, where the router does
-    not count tokens, ``generation``, the time after the first token: the requests are split
-    at random, so its ratio is the time per output token's, times the ratio of the answers'
-    lengths (a version that answers at more length is slower for its users too)."""
+    """An LLM route's streamed answers, median over median (a guard): ``ttft``, ``tpot`` or
+    ``generation`` (the time after the first token: with requests split at random, its ratio
+    is the time per token's times the answers' lengths', both of which users feel)."""
     return quantile_ratio(name, 0.5, *_aligned(canary_ms, baseline_ms), tolerance_pct, alpha)
-
-
-def _per_token(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) -> Metric:
-    """``tpot`` where the router counts both sides' tokens, else ``generation``: one slot of
-    the error budget either way (``generation_tolerance_pct``)."""
-    if len(canary.tpot) and len(baseline.tpot):
-        return streamed_ratio("tpot", canary.tpot, baseline.tpot,
-                              config.generation_tolerance_pct, alpha)
-    return streamed_ratio("generation", canary.generation, baseline.generation,
-                          config.generation_tolerance_pct, alpha)
 
 
 def _aligned(canary_ms: np.ndarray, baseline_ms: np.ndarray) -> tuple[sequential.Sorted, sequential.Sorted]:
@@ -512,7 +499,11 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
         if config.streamed:
             metrics += [streamed_ratio("ttft", canary.ttft, baseline.ttft,
                                        config.ttft_tolerance_pct, alpha),
-                        _per_token(canary, baseline, config, alpha)]
+                        # Per output token where the router counts both sides' tokens.
+                        streamed_ratio(*(("tpot", canary.tpot, baseline.tpot)
+                                         if len(canary.tpot) and len(baseline.tpot) else
+                                         ("generation", canary.generation, baseline.generation)),
+                                       config.generation_tolerance_pct, alpha)]
         if recent is not None and recent.block >= 2:  # the first block is all the evidence
             metrics.append(recent_median(recent, config, alpha, step))
     gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
