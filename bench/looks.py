@@ -178,17 +178,22 @@ def one_round(rows: list, cached: bool) -> tuple[float, float, int]:
             window_cache.CACHE.parsed - parsed + full)
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from rollouts.traffic import window_cache
-
-    rng = np.random.default_rng(0)
-    now = time.time()
-    started = now - args.history
+def seeded(args: argparse.Namespace, rng: np.random.Generator) -> tuple[list, list[int], float]:
+    """The rollouts, their routes' deployment ids, and ``--history`` seconds of traffic
+    written behind them; (rows, deployment ids, when the written traffic ends)."""
+    started = time.time() - args.history
     rows = seed_rows(args.rollouts, started)
     deps = [rollout.deployment_id for rollout, _, _ in rows]
     say(f"writing {args.history:g} s of {args.rate:g} requests/s on {len(deps)} routes…")
     traffic(deps, started, args.history, args.rate, rng)
-    written = started + args.history
+    return rows, deps, started + args.history
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    from rollouts.traffic import window_cache
+
+    rng = np.random.default_rng(0)
+    rows, deps, written = seeded(args, rng)
     while time.time() - written > 1.0:  # catch up with the time the writing took
         tick = time.time()
         traffic(deps, written, tick - written, args.rate, rng)
@@ -258,13 +263,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def bench_processes(args: argparse.Namespace, database_url: str, prefix: str) -> dict[str, Any]:
     """``--processes`` worker processes sharing the rollouts (see the module docstring)."""
     rng = np.random.default_rng(0)
-    now = time.time()
-    started = now - args.history
-    rows = seed_rows(args.rollouts, started)
-    deps = [rollout.deployment_id for rollout, _, _ in rows]
-    say(f"writing {args.history:g} s of {args.rate:g} requests/s on {len(deps)} routes…")
-    traffic(deps, started, args.history, args.rate, rng)
-    written = started + args.history
+    _rows, deps, written = seeded(args, rng)
     # Long enough for every process to start and make its first (whole) read of its routes.
     # (A process that is not ready in time starts late: its rounds count as late.)
     start_at = time.time() + 4 + 0.05 * args.rollouts

@@ -26,14 +26,6 @@ CHARGEBACK_FIELDS = ["period", "tenant", "device_class", "unit_seconds", "unit_h
 MAX_CHARGEBACK_DAYS = 400
 
 
-def version_cost(version: Any) -> dict[str, Any]:
-    """A version's readings, and its comparison with the version it would replace."""
-    other = costs.replaced(version)
-    return {"version": version.pk, **costs.cost_of(version),
-            "replaces": other.version if other else None,
-            "compared": costs.compare(version, other) if other else None}
-
-
 class ChargebackCSVRenderer(BaseRenderer):
     """The chargeback's rows as CSV (``?format=csv``), one line a period, tenant and class."""
 

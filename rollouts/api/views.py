@@ -28,13 +28,12 @@ from fleet.api.refs import IdOrNameFilter
 from fleet.models import Cluster, InferenceServer, Membership
 from rollouts.api import serializers as s
 from rollouts.api.consistency import ConsistencySerializer, ConvergeSerializer
-from rollouts.api.costs import version_cost
 from rollouts.api.filters import DeploymentFilter
 from rollouts.deployments import consistency
 from rollouts.deployments import lifecycle as deployments
 from rollouts.loads import requests as loads
 from rollouts.models import Alias, Deployment, Model, ModelLoad, ModelVersion, SloAlert
-from rollouts.registry import approvals
+from rollouts.registry import approvals, costs
 from rollouts.registry import versions as registry
 from rollouts.traffic import latency
 
@@ -235,7 +234,7 @@ class ModelVersionViewSet(
         CPU nodes) from its benchmark's most load within the SLO and from live traffic, and
         money where its device class has a price; and how it compares with the version it
         would replace (the model's production alias)."""
-        return Response(version_cost(self.get_object()))
+        return Response(costs.of_version(self.get_object()))
 
 
 class AliasViewSet(TenantScopedViewSetMixin, viewsets.ModelViewSet):

@@ -174,6 +174,15 @@ def cost_of(version: ModelVersion, *, end: datetime | None = None) -> dict[str, 
     return {key: reading.as_dict() if reading else None for key, reading in found.items()}
 
 
+def of_version(version: ModelVersion) -> dict[str, Any]:
+    """A version's readings (``benchmark``, ``live``), the version it would replace
+    (``replaces``, its number) and the comparison with it (``compared``)."""
+    other = replaced(version)
+    return {"version": version.pk, **cost_of(version),
+            "replaces": other.version if other else None,
+            "compared": compare(version, other) if other else None}
+
+
 def compare(candidate: ModelVersion, baseline: ModelVersion, *,
             end: datetime | None = None) -> dict[str, Any]:
     """The candidate's cost per request against the baseline's, on the first reading both

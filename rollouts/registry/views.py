@@ -140,10 +140,9 @@ def _render_version(
 
 def cost_context(version: ModelVersion) -> dict[str, Any]:
     """What the version costs (``rollouts.registry.costs``), for its page."""
-    found = [r for r in (costs.benchmark_reading(version), costs.live_reading(version)) if r]
-    other = costs.replaced(version)
-    return {"cost_readings": found,
-            "cost_compared": costs.compare(version, other) if other else None}
+    found = costs.of_version(version)
+    return {"cost_readings": [r for r in (found["benchmark"], found["live"]) if r],
+            "cost_compared": found["compared"]}
 
 
 @login_required
