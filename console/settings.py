@@ -414,6 +414,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Tags start collapsed (a click opens one) with a filter box: with every operation expanded
+    # Swagger UI stops drawing partway down a schema of this size.
+    "SWAGGER_UI_SETTINGS": {"docExpansion": "none", "filter": True, "deepLinking": True},
     # Choice sets that share a field name ("state") get names of their own.
     "ENUM_NAME_OVERRIDES": {
         "LoadStateEnum": "rollouts.models.loads.ModelLoad.State",

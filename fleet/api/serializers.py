@@ -5,6 +5,7 @@ admins only, tenants by slug). The inventory's are in ``fleet.api.inventory_seri
 from __future__ import annotations
 
 import copy
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -355,3 +356,7 @@ class DevicePriceSerializer(ValidatedModelSerializer):
         model = DevicePrice
         fields = ["id", "device_class", "per_unit_hour", "currency", "updated_at"]
         read_only_fields = ["updated_at"]
+
+    def validate_per_unit_hour(self, value: float) -> Decimal:
+        # A float such as 0.9 has no exact binary form: the column keeps four places.
+        return Decimal(str(value)).quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)

@@ -10,7 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -42,6 +44,31 @@ class ChargebackCSVRenderer(BaseRenderer):
         return out.getvalue().encode()
 
 
+class ChargebackRowSerializer(serializers.Serializer):
+    period = serializers.CharField(help_text="the day (YYYY-MM-DD) or month (YYYY-MM)")
+    tenant = serializers.CharField(help_text="the tenant's slug")
+    tenant_id = serializers.IntegerField()
+    device_class = serializers.CharField()
+    unit_seconds = serializers.FloatField(help_text="GPU-seconds (instance-seconds on CPU nodes)")
+    unit_hours = serializers.FloatField()
+    cost = serializers.FloatField(allow_null=True, help_text="null where the class has no price")
+    currency = serializers.CharField(allow_blank=True, help_text="blank where the class has no price")
+
+
+class ChargebackSerializer(serializers.Serializer):
+    """What the chargeback answers in JSON (documentation only)."""
+
+    period = serializers.ChoiceField(choices=["day", "month"])
+    from_ = serializers.DateField()
+    to = serializers.DateField()
+    rows = ChargebackRowSerializer(many=True)
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return fields
+
+
 def _date(raw: str | None, field: str, default: datetime) -> datetime:
     if raw in (None, ""):
         return default
@@ -63,6 +90,17 @@ class ChargebackView(APIView):
     permission_classes = (IsAuthenticated,)
     renderer_classes = (JSONRenderer, ChargebackCSVRenderer)
 
+    def finalize_response(self, request: Request, response: Any, *args: Any,
+                          **kwargs: Any) -> Any:
+        # Only the rows are CSV: a refusal naming the parameter, or what OPTIONS describes,
+        # is JSON whatever format was asked for.
+        response = super().finalize_response(request, response, *args, **kwargs)
+        data = getattr(response, "data", None)
+        if not (isinstance(data, dict) and "rows" in data):
+            response.accepted_renderer = JSONRenderer()
+            response.accepted_media_type = JSONRenderer.media_type
+        return response
+
     @extend_schema(
         parameters=[
             OpenApiParameter("period", str, enum=["day", "month"],
@@ -75,24 +113,13 @@ class ChargebackView(APIView):
             OpenApiParameter("format", str, enum=["json", "csv"]),
         ],
         responses={
-            (200, "application/json"): OpenApiResponse(description=(
-                "period, from, to and rows: period, tenant, device_class, unit_seconds, "
-                "unit_hours, cost, currency")),
-            (200, "text/csv"): OpenApiResponse(description="the rows, with a header line"),
+            (200, "application/json"): OpenApiResponse(response=ChargebackSerializer, description=(
+                "the period, the days covered and one row a period, tenant and device class")),
+            (200, "text/csv"): OpenApiResponse(response=OpenApiTypes.STR,
+                                               description="the rows, with a header line"),
             (400, "application/json"): OpenApiResponse(description="the parameter at fault"),
         },
     )
-    def finalize_response(self, request: Request, response: Any, *args: Any,
-                          **kwargs: Any) -> Any:
-        # Only the rows are CSV: a refusal naming the parameter, or what OPTIONS describes,
-        # is JSON whatever format was asked for.
-        response = super().finalize_response(request, response, *args, **kwargs)
-        data = getattr(response, "data", None)
-        if not (isinstance(data, dict) and "rows" in data):
-            response.accepted_renderer = JSONRenderer()
-            response.accepted_media_type = JSONRenderer.media_type
-        return response
-
     def get(self, request: Request) -> Response:
         period = request.query_params.get("period", "day")
         if period not in ("day", "month"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -34,6 +35,7 @@ from fleet.models import (
     APIToken,
     AuditEvent,
     Cluster,
+    DevicePrice,
     InferenceServer,
     Node,
     Quota,
@@ -165,6 +167,10 @@ class World:
     @cached_property
     def server(self) -> InferenceServer:
         return InferenceServerFactory(cluster=self.cluster, name="server-1")
+
+    @cached_property
+    def device_price(self) -> DevicePrice:
+        return DevicePrice.objects.create(device_class="nvidia-l4", per_unit_hour=Decimal("0.8"))
 
     # --- tenant-owned
     @cached_property
@@ -711,6 +717,14 @@ OPS: list[Op] = [
                           "http_url": "http://127.0.0.1:9", "grpc_url": "changed:8001"},
         patch={"grpc_url": "changed:8001"},
     ),
+    # Device prices: every member reads them, platform admins set them.
+    *read_ops("deviceprice", "device-prices", DevicePrice, ("device_price", None), scope="fleet"),
+    *platform_write_ops(
+        "deviceprice", "device-prices", DevicePrice, "device_price",
+        create=lambda w: {"device_class": "nvidia-h100", "per_unit_hour": 4.5, "currency": "USD"},
+        update=lambda w: {"device_class": "nvidia-l4", "per_unit_hour": 1.25, "currency": "EUR"},
+        patch={"currency": "EUR"},
+    ),
     # Probing a server is open to any member: it refreshes observed health, typed in by no one.
     Op("server", "check", "POST", "servers/{server}/check/", InferenceServer, "bob", 200,
        scope="fleet", done=lambda w, body: body["health"] == "unreachable"
@@ -792,6 +806,9 @@ OPS: list[Op] = [
     Op("version", "archive", "POST", "versions/{version_a}/archive/", ModelVersion, "erin", 200,
        writer="role", role="approver", below=("dave", "bob"), payload=lambda w: {},
        done=lambda w, body: fresh(w.version_a).status == "archived"),
+    # What a version costs is read by any member of its tenant.
+    Op("version", "cost", "GET", "versions/{version_a}/cost/", ModelVersion, "bob", 200,
+       done=lambda w, body: body["version"] == w.version_a.pk),
     *read_ops("alias", "aliases", Alias, ("alias_a", "alias_b")),
     # POST sets an alias: 201 when it creates it (200 when it moves one: test_registry_api).
     Op("alias", "create", "POST", "aliases/", Alias, "dave", 201, writer="role", role="deployer",
@@ -866,6 +883,8 @@ OPS: list[Op] = [
        payload=lambda w: w.routed({"deployment": w.routable_a.pk, "version": w.spare_a.version}),
        done=lambda w, body: Rollout.objects.filter(
            pk=body["id"], deployment=w.deployment_a, state="loading").exists()),
+    Op("rollout", "cost", "GET", "rollouts/{rollout_a}/cost/", Rollout, "bob", 200,
+       done=lambda w, body: "change_pct" in body),
     Op("rollout", "pause", "POST", "rollouts/{rollout_a}/pause/", Rollout, "dave", 202,
        writer="role", role="deployer", below=("bob",), payload=lambda w: {"reason": "look"},
        done=lambda w, body: fresh(w.rollout_a).requested_action == "pause"),

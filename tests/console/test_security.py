@@ -19,6 +19,7 @@ import time_machine
 from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
 from playwright.sync_api import Browser, Dialog, expect
 from rest_framework.test import APIClient
 
@@ -648,6 +649,13 @@ def test_the_api_docs_render_under_the_policy(watched, alice):
     w = watched("alice")
 
     assert w.visit("/api/docs/") == []
+    # Every tag of the schema is drawn (Swagger UI once stopped partway down, silently), and
+    # one opens on a click.
+    tags = {op["tags"][0] for path in SchemaGenerator().get_schema(public=True)["paths"].values()
+            for op in path.values()}
+    for tag in sorted(tags):
+        expect(w.page.locator(f"#operations-tag-{tag}")).to_be_visible()
+    w.page.locator("#operations-tag-deployments").click()
     expect(w.page.locator(".swagger-ui .opblock").first).to_be_visible()
     expect(w.page.locator(".swagger-ui")).to_contain_text("/api/v1/deployments/")
 

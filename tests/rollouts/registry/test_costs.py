@@ -177,6 +177,18 @@ def test_prices_are_set_by_platform_admins_and_read_by_members(client_for, root,
         assert refused.status_code == 400 and field in refused.json(), refused.content
 
 
+def test_a_price_with_no_exact_binary_form_is_kept_to_four_places(client_for, root):
+    # 0.9 and 0.1 are JSON numbers every client sends; as floats they carry 50 digits.
+    made = client_for(root).post("/api/v1/device-prices/", {"device_class": "nvidia-l4",
+                                                            "per_unit_hour": 0.9}, format="json")
+    assert made.status_code == 201, made.content
+    changed = client_for(root).patch(f"/api/v1/device-prices/{made.json()['id']}/",
+                                     {"per_unit_hour": 0.12345}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert DevicePrice.objects.get().per_unit_hour == Decimal("0.1235")
+    assert changed.json()["per_unit_hour"] == 0.1235
+
+
 def signed_in(user) -> Client:
     client = Client()
     client.force_login(user)
