@@ -193,6 +193,11 @@ SWITCHYARD_ARTIFACT_CACHE = DATA_DIR / "cache" / "artifacts"
 SWITCHYARD_LOAD_TIMEOUT_S = env_float("SWITCHYARD_LOAD_TIMEOUT_S", 120.0, minimum=1.0)
 SWITCHYARD_LOAD_LEASE_S = env_float("SWITCHYARD_LOAD_LEASE_S", 30.0, minimum=1.0)
 SWITCHYARD_LOAD_MAX_ATTEMPTS = env_int("SWITCHYARD_LOAD_MAX_ATTEMPTS", 5, minimum=1)
+# Drain before unload (rollouts/loads/drain.py): a version taken off a routed server waits,
+# after its traffic moved, until the router has no request left in flight to it, at most
+# DRAIN_TIMEOUT_S; a router that cannot say is given DRAIN_GRACE_S after the route's change.
+SWITCHYARD_DRAIN_TIMEOUT_S = env_float("SWITCHYARD_DRAIN_TIMEOUT_S", 30.0, minimum=0.0)
+SWITCHYARD_DRAIN_GRACE_S = env_float("SWITCHYARD_DRAIN_GRACE_S", 2.0, minimum=0.0)
 # How long a load waits for quota its cohort lent out to be given back (a cohort whose
 # reclaim policy unloads borrowers) before it fails with the refusal.
 SWITCHYARD_RECLAIM_WAIT_S = env_float("SWITCHYARD_RECLAIM_WAIT_S", 120.0, minimum=1.0)

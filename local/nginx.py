@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from fleet.adapters.routers.nginx_paths import token_timing_modules
+from fleet.adapters.routers.nginx_paths import pid_file, token_timing_modules
 from local.processes import alive as _alive
 from local.processes import cmdline, start_on_ports, terminate
 from local.processes import tail as _tail_lines
@@ -161,7 +161,7 @@ def main_config_text(
         "daemon off;",
         "master_process on;",
         f"worker_processes {worker_processes};",
-        f"pid {prefix}/nginx.pid;",
+        f"pid {pid_file(prefix)};",
         f"error_log {prefix}/logs/error.log notice;",
     ]
     if os.geteuid() == 0:

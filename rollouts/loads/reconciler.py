@@ -30,6 +30,7 @@ from fleet.inventory.runtimes import artifact_store_for, runtime_for
 from fleet.models import Cohort, InferenceServer, Placement
 from fleet.quota import admission as quota
 from rollouts import leases
+from rollouts.loads import drain
 from rollouts.loads.demand import config_of, demand_of, is_lora, served_config
 from rollouts.loads.reloads import is_reload
 from rollouts.loads.requests import record_event, unload_for
@@ -41,6 +42,8 @@ State = ModelLoad.State
 PROGRESS_EVERY_S = 0.5
 #: Seconds between two admissions of a load waiting for quota its cohort gives back.
 RECLAIM_RETRY_S = 2.0
+#: Seconds between two looks at a drain in progress.
+DRAIN_POLL_S = 0.25
 
 
 def _due(load: ModelLoad, now: Any) -> bool:
@@ -296,6 +299,8 @@ def _report_served(load: ModelLoad) -> None:
 
 
 def _unload(load: ModelLoad) -> None:
+    if load.drained_at is None and not _drained(load):
+        return
     version = load.version
     runtime = runtime_for(load.server, lora=is_lora(version))
     runtime.unload(version.name_on(load.server), version.version, settings.SWITCHYARD_LOAD_TIMEOUT_S)
@@ -304,6 +309,21 @@ def _unload(load: ModelLoad) -> None:
     _report_served(load)
     _move(load, State.UNLOADED, f"unloaded from {load.server.name}; quota released",
           finished_at=timezone.now())
+
+
+def _drained(load: ModelLoad) -> bool:
+    """Drain before unload (:mod:`rollouts.loads.drain`): False, to be asked again shortly,
+    while the router still has requests in flight to the version; its progress is recorded
+    once per change of what it says."""
+    state = drain.drain(load)
+    last = load.events.order_by("-pk").values_list("message", flat=True).first()
+    if state.message and state.message != last:
+        record_event(load, state.message)
+    if not state.done:
+        _update(load, next_attempt_at=timezone.now() + timedelta(seconds=DRAIN_POLL_S))
+        return False
+    _update(load, drained_at=timezone.now(), next_attempt_at=None)
+    return True
 
 
 STEPS: dict[str, Callable[[ModelLoad], None]] = {

@@ -65,6 +65,10 @@ class ModelLoad(IdempotentJob):
         help_text="The id of the request that asked for it: its steps log under it (console.logs)",
     )
     unload_requested_by_label = models.CharField(max_length=200, blank=True)
+    drained_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the router had nothing left in flight to it, before its unload",
+    )
     bytes_total = models.PositiveBigIntegerField(default=0)
     bytes_done = models.PositiveBigIntegerField(default=0)
     config_hash = models.CharField(max_length=64, blank=True)

@@ -59,9 +59,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import psutil
 from filelock import FileLock
 
 from fleet.adapters.base import AdapterError
+from fleet.adapters.routers import nginx_paths
 from fleet.adapters.routers.base import (
     ApplyResult,
     RouterHealth,
@@ -211,6 +213,27 @@ class NginxRouter:
         if not self.routes_dir.is_dir():
             return []
         return sorted(p.stem for p in self.routes_dir.glob("*.conf"))
+
+    def draining(self) -> int | None:
+        """How many nginx workers from before the last reload are still answering requests.
+
+        A reload starts new workers on the new configuration; each old one takes no new
+        request, finishes those it has, then exits. A variant a change took off the route
+        gets no request from the new workers, so once no old worker runs, nothing is in flight
+        to it. None where this router cannot see nginx's processes (one reloaded by a command,
+        on another host)."""
+        if self.prefix is None:
+            return None
+        try:
+            master = psutil.Process(int(nginx_paths.pid_file(self.prefix).read_text().strip()))
+            children = master.children()
+        except (OSError, ValueError, psutil.Error):
+            return None
+        old = 0
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                old += "shutting down" in " ".join(child.cmdline())
+        return old
 
     def health(self) -> RouterHealth:
         """Ask nginx's status location and every route's identity location; never raises."""

@@ -40,6 +40,11 @@ def main_config(prefix: Path) -> Path:
     return Path(prefix).resolve() / "conf" / "nginx.conf"
 
 
+def pid_file(prefix: Path) -> Path:
+    """The master process's pid file."""
+    return Path(prefix).resolve() / "nginx.pid"
+
+
 def error_log(prefix: Path) -> Path:
     return Path(prefix).resolve() / "logs" / "error.log"
 

@@ -44,7 +44,7 @@ from rollouts.traffic import routes, samples
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.celery_worker import CeleryWorker, database_url, forget_queue, start_worker
 from tests.fixtures.samples import CollectorProcess
-from tests.rollouts.triton_world import make_artifact
+from tests.rollouts.triton_world import held, index_state, make_artifact
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
@@ -141,6 +141,9 @@ class Traffic:
     stop: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    answered: dict[str, float] = field(default_factory=dict)  # variant: its last answer's end
+    resent: int = 0
 
     def __enter__(self) -> Traffic:
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.clients)]
@@ -152,12 +155,29 @@ class Traffic:
         deadline = time.monotonic() + self.limit_s
         with httpx.Client(base_url=self.url, timeout=5) as client:
             while not self.stop.is_set() and time.monotonic() < deadline:
-                try:
-                    status = client.post(f"/v2/models/{self.model}/infer", json=INFER).status_code
-                except httpx.HTTPError:
-                    status = 0
+                status = self._call(client)
                 self.sent += 1
                 self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def _call(self, client: httpx.Client) -> int:
+        try:
+            try:
+                answer = client.post(f"/v2/models/{self.model}/infer", json=INFER)
+            except httpx.RemoteProtocolError as exc:
+                # An idle keep-alive connection that nginx closed as the request went out
+                # (a reload's old worker lets its idle connections go): nothing was answered,
+                # and an HTTP/1.1 client sends it again on a new connection. Counted apart.
+                if "without sending a response" not in str(exc):
+                    raise
+                self.resent += 1
+                answer = client.post(f"/v2/models/{self.model}/infer", json=INFER)
+        except httpx.HTTPError as exc:
+            self.failures.append(f"{time.time():.3f} {type(exc).__name__}: {exc}")
+            return 0
+        self.answered[answer.headers.get("X-Switchyard-Variant", "")] = time.time()
+        if answer.status_code != 200:
+            self.failures.append(f"{time.time():.3f} {answer.status_code} {answer.text[:200]}")
+        return answer.status_code
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
@@ -227,6 +247,43 @@ def test_an_identical_canary_passes_is_promoted_and_the_alias_moves(stack):
     old = ModelLoad.objects.filter(version=world.v1).order_by("-created_at").first()
     load_reconciler.run_to_end(old.pk)
     assert ModelLoad.objects.get(pk=old.pk).state == ModelLoad.State.UNLOADED
+
+
+def test_a_promotion_under_traffic_fails_no_request_while_the_baseline_is_drained_and_unloaded(
+        stack):
+    world = stack
+    # The version in production answers in 0.8 s, so requests are in flight on it whenever
+    # its traffic moves: v2, promoted first with no traffic.
+    slow = world.version(2, config=slow_config(2, 800))
+    first, _ = rollouts.create_rollout(world.user, world.deployment, version=2,
+                                       steps=[{"set_weight": 100}], analysis_settings=quick())
+    assert rollout_reconciler.run_to_end(first.pk, max_ticks=100).state == State.SUCCEEDED
+    for load in ModelLoad.objects.filter(state=ModelLoad.State.UNLOADING):
+        load_reconciler.run_to_end(load.pk, max_steps=200)
+    world.version(3, config=slow_config(3, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=3,
+        steps=[{"set_weight": 50}, {"pause": {"seconds": 1}}], analysis_settings=quick(),
+    )
+    with Traffic(world.route_url, world.model.name, clients=4) as traffic:
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
+        load = ModelLoad.objects.filter(version=slow).order_by("-created_at").first()
+        # The unload as a worker runs it, at once, while the clients go on.
+        unloaded = load_reconciler.run_to_end(load.pk, max_steps=200)
+        time.sleep(0.5)
+
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason)
+    assert weights_now(world).get(3) == 100 and weights_now(world).get(2, 0) == 0
+    assert unloaded.state == ModelLoad.State.UNLOADED, unloaded.state
+    assert traffic.statuses.get(200, 0) > 100
+    assert set(traffic.statuses) == {200}, traffic.failures
+    # Sent again: only requests on a connection a reload closed unanswered, a few a reload.
+    assert traffic.resent <= 4 * RouteRevision.objects.filter(route_id=world.deployment.pk).count()
+    # v2 left the route, its requests in flight were answered, and only then did it leave the
+    # server: the drain waited for the router's workers that still had them.
+    drained = unloaded.events.get(message__startswith="drained v2 on triton")
+    assert "no request in flight" in drained.message
+    assert traffic.answered["v2-triton"] <= drained.created_at.timestamp()
 
 
 def test_a_canary_whose_server_stops_answering_is_rolled_back_within_seconds(stack, local_triton):
@@ -625,6 +682,46 @@ def test_a_candidate_whose_load_fails_is_rolled_back_with_its_error_and_a_retry_
     assert finished.attempt == 2
     assert revisions_of(world, {1: 50, 2: 50}) == 1
     assert weights_now(world).get(2) == 100
+
+
+def test_a_candidate_that_fails_on_one_of_its_servers_stays_loaded_on_none(stack, canary_triton,
+                                                                          tmp_path):
+    """All or none: v2 goes to two servers; the second's model repository cannot be written
+    (a path under a plain file), so its load fails while the first's is still on its way. The
+    rollout goes back with that server's error, lets the other load end, then takes it back:
+    v2 is loaded nowhere and the quota holds what it held before."""
+    world = stack
+    proc = canary_triton.running()
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    second = InferenceServer.objects.create(
+        cluster=world.cluster, node=world.node, name="triton-broken",
+        runtime=InferenceServer.Runtime.TRITON, http_url=proc.http_url,
+        model_repository=str(blocker / "models"), log_path=str(proc.log_path),
+    )
+    world.deployment.servers.add(second)
+    before = held(world)
+    v2 = world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, servers=["triton", "triton-broken"],
+        steps=[{"set_weight": 50}], analysis_settings=quick(), unload_previous=False,
+    )
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    failed = ModelLoad.objects.get(version=v2, server=second)
+    assert failed.state == ModelLoad.State.FAILED
+    assert ended.reason == f"loading v2 on triton-broken failed: {failed.error}"
+    # The other load was still on its way when the failure was seen: it was let end, then
+    # taken back.
+    waited = ended.events.get(message__contains="loads still on their way to triton")
+    assert waited.kind == "rollback"
+    other = ModelLoad.objects.get(version=v2, server=world.server)
+    assert load_reconciler.run_to_end(other.pk, max_steps=100).state == ModelLoad.State.UNLOADED
+    assert index_state(world.triton, world.served).get("2", "UNAVAILABLE") == "UNAVAILABLE"
+    assert held(world) == before
+    assert weights_now(world)[1] == 100 and weights_now(world).get(2, 0) == 0
+    assert "model repository" in failed.error and "Not a directory" in failed.error
 
 
 def test_with_failure_limit_1_a_first_failed_look_judges_again_and_the_second_rolls_back(stack):
