@@ -137,9 +137,10 @@ class TritonServerRuntime:
         Raises a permanent AdapterError for a missing or unreadable artifact, unsafe members
         (absolute paths, ``..``, links leading outside) or an artifact without the version.
         """
-        self.repository.place(
-            model, version, artifact, folder=folder, deadline=Deadline(self.timeout)
-        )
+        with self._writable():
+            self.repository.place(
+                model, version, artifact, folder=folder, deadline=Deadline(self.timeout)
+            )
 
 
 
@@ -150,7 +151,23 @@ class TritonServerRuntime:
         The files are renamed away first, so the server never sees a half-deleted version.
         Removing the files of a loaded version does not unload it: call :meth:`unload` first.
         """
-        self.repository.remove(model, version, deadline=Deadline(self.timeout))
+        with self._writable():
+            self.repository.remove(model, version, deadline=Deadline(self.timeout))
+
+    @contextlib.contextmanager
+    def _writable(self) -> Iterator[None]:
+        """The server's model repository as this host sees it: a path that is no directory,
+        or one without the rights, is the server's settings at fault (permanent)."""
+        try:
+            yield
+        except (NotADirectoryError, FileNotFoundError, PermissionError) as exc:
+            if not str(exc.filename or "").startswith(str(self.repository.path)):
+                raise
+            raise AdapterError(
+                f"the server's model repository {self.repository.path} cannot be written: "
+                f"{exc.strerror} ({exc.filename}); check the server's model_repository",
+                permanent=True,
+            ) from None
 
     # -- load / unload ------------------------------------------------------------------------
 

@@ -77,6 +77,21 @@ def back_to_baseline(rollout: Rollout, why: str, ends_as: str, *,
               "the deployment by hand", kind=Kind.ERROR, data=data or {}, reason=why,
               finished_at=timezone.now(), waiting_for="")
         return
+    if rollout.strategy == Rollout.Strategy.CANARY and rollout.candidate_id:
+        # All or none: the candidate's loads still on their way are let finish (ready or
+        # failed) and then taken back with the rest, not left loaded holding quota.
+        busy = sorted(ModelLoad.objects.filter(
+            pk__in=rollout.load_ids, version=rollout.candidate,
+            state__in=ModelLoad.IN_FLIGHT).exclude(state=ModelLoad.State.UNLOADING)
+            .values_list("server__name", flat=True))
+        if busy:
+            if rollout.state != State.ROLLING_BACK:
+                move(rollout, State.ROLLING_BACK,
+                     f"{why}; all traffic on v{base}: waiting for v{rollout.candidate.version}'s "
+                     f"loads still on their way to {', '.join(busy)} to end before taking them "
+                     "back", kind=Kind.ROLLBACK, data=data or {}, reason=why,
+                     weights={str(base): 100}, waiting_for=ends_as)
+            return
     move(rollout, ends_as, f"{why}: all traffic back on v{base}", kind=Kind.ROLLBACK,
           data=data or {}, reason=why, weights={str(base): 100}, finished_at=timezone.now(),
           waiting_for="", requested_action="")
