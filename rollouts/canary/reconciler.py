@@ -123,12 +123,30 @@ def _loading(rollout: Rollout) -> bool:
         if rollout.waiting_for != text[:200]:
             actions.update(rollout, waiting_for=text[:200])
         return False
+    mixed = _mixed_configs(rollout, servers)
+    if mixed:
+        actions.back_to_baseline(rollout, mixed, State.ROLLED_BACK)
+        return False
     if not Route.objects.filter(pk=deployment.pk, state=Route.State.IN_FORCE).exists():
         actions.route(rollout, {rollout.baseline.version: 100}, "the route the rollout starts from")
     actions.move(rollout, State.PROGRESSING, "everything the rollout needs is ready on "
                  f"{', '.join(rollout.servers)}", step_index=0, step_started_at=timezone.now(),
                  waiting_for="")
     return True
+
+
+def _mixed_configs(rollout: Rollout, servers: dict[str, Any]) -> str:
+    """Why the versions the rollout needs do not run alike on all its servers (each ready
+    with one config hash everywhere), or "" when they do: one version behind a route runs
+    one configuration."""
+    for version in _needed(rollout):
+        hashes = dict(ModelLoad.objects.filter(
+            version=version, server__in=servers.values(), state=ModelLoad.State.READY)
+            .order_by("server__name").values_list("server__name", "config_hash"))
+        if len(set(hashes.values())) > 1:
+            return (f"v{version.version} runs with different configs on its servers: "
+                    + ", ".join(f"{name} {digest[:12]}" for name, digest in hashes.items()))
+    return ""
 
 
 def _watch(rollout: Rollout) -> bool:

@@ -32,12 +32,16 @@ State = ModelLoad.State
 BROKEN_MODEL_PY = "import numpy as np\n\nclass TritonPythonModel:\n    def execute(self, requests)\n        return []\n"
 
 
+def make_config_text(name: str) -> str:
+    """The demo fraud scorer's config.pbtxt, named ``name``."""
+    return (DEMO_MODELS_DIR / "fraud-scorer" / "config.pbtxt").read_text().replace(
+        'name: "fraud-scorer"', f'name: "{name}"')
+
+
 def make_artifact(name: str, version: int, *, model_py: str | None = None, config: str | None = None) -> bytes:
     """A tar.gz of the demo fraud scorer renamed ``name``: <name>/config.pbtxt, <name>/<v>/model.py."""
     base = DEMO_MODELS_DIR / "fraud-scorer"
-    config_text = config if config is not None else (base / "config.pbtxt").read_text().replace(
-        'name: "fraud-scorer"', f'name: "{name}"'
-    )
+    config_text = config if config is not None else make_config_text(name)
     code = model_py if model_py is not None else (base / "1" / "model.py").read_text()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:

@@ -44,7 +44,7 @@ from rollouts.traffic import routes, samples
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.celery_worker import CeleryWorker, database_url, forget_queue, start_worker
 from tests.fixtures.samples import CollectorProcess
-from tests.rollouts.triton_world import held, index_state, make_artifact
+from tests.rollouts.triton_world import held, index_state, make_artifact, make_config_text
 
 pytestmark = [pytest.mark.triton, pytest.mark.django_db(transaction=True)]
 
@@ -722,6 +722,45 @@ def test_a_candidate_that_fails_on_one_of_its_servers_stays_loaded_on_none(stack
     assert held(world) == before
     assert weights_now(world)[1] == 100 and weights_now(world).get(2, 0) == 0
     assert "model repository" in failed.error and "Not a directory" in failed.error
+
+
+def test_a_candidate_running_different_configs_on_its_servers_never_gets_traffic(stack,
+                                                                                  canary_triton):
+    """One version behind a route runs one configuration: the second server's repository
+    already holds the model's base config with another setting, so v2 is ready on both with
+    two config hashes. The rollout goes back naming both, before any traffic moved, and takes
+    v2 off both."""
+    world = stack
+    proc = canary_triton.running()
+    second = InferenceServer.objects.create(
+        cluster=world.cluster, node=world.node, name="triton-drifted",
+        runtime=InferenceServer.Runtime.TRITON, http_url=proc.http_url,
+        model_repository=str(proc.model_repository), log_path=str(proc.log_path),
+    )
+    world.deployment.servers.add(second)
+    base = (proc.model_repository / world.served)
+    base.mkdir(parents=True, exist_ok=True)
+    config = make_config_text(world.served).replace(
+        'key: "sleep_ms" value { string_value: "4" }', 'key: "sleep_ms" value { string_value: "9" }')
+    (base / "config.pbtxt").write_text(config)
+    before = held(world)
+    v2 = world.version(2)
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, servers=["triton", "triton-drifted"],
+        steps=[{"set_weight": 50}], analysis_settings=quick(), unload_previous=False,
+    )
+    ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
+
+    assert ended.state == State.ROLLED_BACK, (ended.state, ended.reason)
+    hashes = dict(ModelLoad.objects.filter(version=v2).values_list("server__name", "config_hash"))
+    assert len(set(hashes.values())) == 2, hashes
+    assert ended.reason == ("v2 runs with different configs on its servers: "
+                            f"triton {hashes['triton'][:12]}, triton-drifted "
+                            f"{hashes['triton-drifted'][:12]}")
+    assert revisions_of(world, {1: 50, 2: 50}) == 0
+    for load in ModelLoad.objects.filter(version=v2):
+        assert load_reconciler.run_to_end(load.pk, max_steps=100).state == ModelLoad.State.UNLOADED
+    assert held(world) == before
 
 
 def test_with_failure_limit_1_a_first_failed_look_judges_again_and_the_second_rolls_back(stack):
