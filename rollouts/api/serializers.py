@@ -359,6 +359,7 @@ class ModelLoadSerializer(serializers.ModelSerializer):
             "id", "deployment", "server", "model", "version", "state", "is_terminal",
             "progress_percent", "bytes_done", "bytes_total", "config_hash", "error",
             "server_log", "attempts", "requested_by_label", "unload_requested_by_label",
+            "drained_at",
             "idempotency_key", "request_id", "created_at", "updated_at", "ready_at", "finished_at",
             "events",
         ]
