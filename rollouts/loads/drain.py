@@ -60,7 +60,11 @@ def drain(load: ModelLoad) -> Drain:
         return Drain(True, f"drained {where}: no request in flight to it ({waited:.1f} s after "
                            "the unload was asked)")
     if waited >= settings.SWITCHYARD_DRAIN_TIMEOUT_S:
-        return Drain(True, f"drain timeout: {in_flight} router worker(s) still finishing "
-                           f"requests after {waited:.0f} s; unloading {where} all the same")
-    return Drain(False, f"draining {where}: {in_flight} router worker(s) from before the "
-                        "route's change still finishing their requests")
+        return Drain(True, f"drain timeout: {_workers(in_flight)} still finishing requests "
+                           f"after {waited:.0f} s; unloading {where} all the same")
+    return Drain(False, f"draining {where}: {_workers(in_flight)} from before the route's "
+                        "change still finishing their requests")
+
+
+def _workers(count: int) -> str:
+    return f"{count} router worker{'' if count == 1 else 's'}"
