@@ -100,10 +100,18 @@ def back_to_baseline(rollout: Rollout, why: str, ends_as: str, *,
                 own_only=True)
 
 
-def unload(rollout: Rollout, version: ModelVersion, why: str, *, own_only: bool = False) -> None:
+def unload(rollout: Rollout, version: ModelVersion, why: str, *, own_only: bool = False,
+           everywhere: bool = False) -> None:
     """Take ``version`` off the rollout's servers (best effort: a refusal is recorded);
-    with ``own_only``, only from the servers where the rollout itself loaded it."""
+    with ``own_only``, only from the servers where the rollout itself loaded it; with
+    ``everywhere``, from every server of the deployment where it is ready."""
     names = list(rollout.servers)
+    if everywhere:
+        names = sorted(set(ModelLoad.objects.filter(
+            deployment=rollout.deployment, version=version, state=ModelLoad.State.READY)
+            .values_list("server__name", flat=True)))
+        if not names:
+            return
     if own_only:
         names = sorted(set(ModelLoad.objects.filter(
             pk__in=rollout.load_ids, version=version).values_list("server__name", flat=True)))

@@ -74,54 +74,14 @@ def _loading(rollout: Rollout) -> bool:
     """Load what the rollout needs on its servers; on to the steps once it is all ready."""
     deployment = rollout.deployment
     servers = {s.name: s for s in deployment.servers.filter(name__in=rollout.servers)}
-    started = rollout.started_at
-    if started is None:
+    if rollout.started_at is None:
         actions.update(rollout, started_at=timezone.now())
-        started = rollout.started_at
     waiting: list[str] = []
-    load_ids = set(rollout.load_ids)
     for version in _needed(rollout):
-        missing = []
-        for name in rollout.servers:
-            server = servers.get(name)
-            if server is None:
-                continue
-            load = ModelLoad.objects.filter(server=server, version=version).order_by("-created_at").first()
-            if load is not None and load.state == ModelLoad.State.READY:
-                continue
-            if load is not None and load.state in ModelLoad.IN_FLIGHT and not load.is_unload:
-                waiting.append(f"v{version.version} on {name} ({load.get_state_display().lower()})")
-                load_ids.add(load.pk)
-                continue
-            if load is not None and load.pk in load_ids and load.state == ModelLoad.State.FAILED:
-                why = f"loading v{version.version} on {name} failed: {load.error}"
-                actions.back_to_baseline(rollout, why, State.ROLLED_BACK,
-                                         data={"load": load.pk, "error": load.error,
-                                               "server_log": load.server_log[-2000:]})
-                return False
-            if load is not None and load.state == ModelLoad.State.UNLOADING:
-                waiting.append(f"v{version.version} on {name} (an unload in flight)")
-                load_ids.add(load.pk)  # followed like the rollout's own (run_to_end drives it)
-                continue
-            missing.append(name)
-        if missing:
-            try:
-                made, _new = loads.load_for(deployment, version, missing, f"rollout {rollout.pk}")
-            except DomainError as exc:
-                # Over quota, or not loadable any more: the rollout cannot go on.
-                actions.back_to_baseline(rollout, f"loading v{version.version} was refused: {exc.message}",
-                                         State.ROLLED_BACK, data={"error": exc.message})
-                return False
-            load_ids.update(load.pk for load in made)
-            record_event(rollout, Kind.LOAD, f"loading v{version.version} on {', '.join(missing)}",
-                   data={"loads": [load.pk for load in made]})
-            waiting.extend(f"v{version.version} on {name}" for name in missing)
-    if sorted(load_ids) != sorted(rollout.load_ids):
-        actions.update(rollout, load_ids=sorted(load_ids))
+        if not _load_on(rollout, version, rollout.servers, servers, waiting):
+            return False
     if waiting:
-        text = "loads: " + ", ".join(waiting)
-        if rollout.waiting_for != text[:200]:
-            actions.update(rollout, waiting_for=text[:200])
+        _wait_for(rollout, "loads: " + ", ".join(waiting))
         return False
     mixed = _mixed_configs(rollout, servers)
     if mixed:
@@ -132,6 +92,84 @@ def _loading(rollout: Rollout) -> bool:
     actions.move(rollout, State.PROGRESSING, "everything the rollout needs is ready on "
                  f"{', '.join(rollout.servers)}", step_index=0, step_started_at=timezone.now(),
                  waiting_for="")
+    return True
+
+
+def _wait_for(rollout: Rollout, text: str) -> None:
+    if rollout.waiting_for != text[:200]:
+        actions.update(rollout, waiting_for=text[:200])
+
+
+def _load_on(rollout: Rollout, version: ModelVersion, names: list[str], servers: dict[str, Any],
+             waiting: list[str]) -> bool:
+    """Ask for ``version`` on the servers ``names`` where it is not ready or on its way, and
+    follow those loads as the rollout's own; what is still on its way is added to
+    ``waiting``. False when it went back to the baseline (a load failed or was refused)."""
+    load_ids = set(rollout.load_ids)
+    missing = []
+    for name in names:
+        server = servers.get(name)
+        if server is None:
+            continue
+        load = ModelLoad.objects.filter(server=server, version=version).order_by("-created_at").first()
+        if load is not None and load.state == ModelLoad.State.READY:
+            continue
+        if load is not None and load.state in ModelLoad.IN_FLIGHT and not load.is_unload:
+            waiting.append(f"v{version.version} on {name} ({load.get_state_display().lower()})")
+            load_ids.add(load.pk)
+            continue
+        if load is not None and load.pk in load_ids and load.state == ModelLoad.State.FAILED:
+            why = f"loading v{version.version} on {name} failed: {load.error}"
+            actions.back_to_baseline(rollout, why, State.ROLLED_BACK,
+                                     data={"load": load.pk, "error": load.error,
+                                           "server_log": load.server_log[-2000:]})
+            return False
+        if load is not None and load.state == ModelLoad.State.UNLOADING:
+            waiting.append(f"v{version.version} on {name} (an unload in flight)")
+            load_ids.add(load.pk)  # followed like the rollout's own (run_to_end drives it)
+            continue
+        missing.append(name)
+    if missing:
+        try:
+            made, _new = loads.load_for(rollout.deployment, version, missing, f"rollout {rollout.pk}")
+        except DomainError as exc:
+            # Over quota, or not loadable any more: the rollout cannot go on.
+            actions.back_to_baseline(rollout, f"loading v{version.version} was refused: {exc.message}",
+                                     State.ROLLED_BACK, data={"error": exc.message})
+            return False
+        load_ids.update(load.pk for load in made)
+        record_event(rollout, Kind.LOAD, f"loading v{version.version} on {', '.join(missing)}",
+               data={"loads": [load.pk for load in made]})
+        waiting.extend(f"v{version.version} on {name}" for name in missing)
+    if sorted(load_ids) != sorted(rollout.load_ids):
+        actions.update(rollout, load_ids=sorted(load_ids))
+    return True
+
+
+def _everywhere(rollout: Rollout) -> bool:
+    """Before a canary takes all the traffic, its version is ready with one config on every
+    server the baseline serves from, as well as its own (all or none: a load that fails sends
+    the rollout back). A vLLM base model cannot share a server with another: it stays where it
+    ran as the canary."""
+    cand = rollout.candidate
+    if cand.runtime == ModelVersion.Runtime.VLLM and not cand.adapter_of:
+        return True
+    deployment = rollout.deployment
+    names = set(rollout.servers) | set(ModelLoad.objects.filter(
+        deployment=deployment, version=rollout.baseline, state=ModelLoad.State.READY)
+        .values_list("server__name", flat=True))
+    servers = {s.name: s for s in deployment.servers.filter(name__in=names)}
+    waiting: list[str] = []
+    if not _load_on(rollout, cand, sorted(servers), servers, waiting):
+        return False
+    if waiting:
+        _wait_for(rollout, f"promotion: v{cand.version} first on every server: "
+                  + ", ".join(waiting))
+        return False
+    mixed = _mixed_configs(rollout, servers)
+    if mixed:
+        actions.back_to_baseline(rollout, mixed, State.ROLLED_BACK)
+        return False
     return True
 
 
@@ -233,6 +271,8 @@ def _paused(rollout: Rollout) -> bool:
 
 def _promoting(rollout: Rollout) -> bool:
     cand = rollout.candidate.version
+    if rollout.strategy == Rollout.Strategy.CANARY and not _everywhere(rollout):
+        return False
     try:
         actions.route(rollout, {cand: 100}, f"promoting v{cand}")
     except Conflict as exc:
@@ -261,7 +301,8 @@ def _promoting(rollout: Rollout) -> bool:
                  weights={str(cand): 100}, finished_at=timezone.now(), waiting_for="",
                  reason=rollout.reason if rollout.strategy == Rollout.Strategy.AB else f"v{cand} promoted")
     if rollout.unload_previous and rollout.baseline_id != rollout.candidate_id:
-        actions.unload(rollout, rollout.baseline, f"v{cand} replaced it")
+        actions.unload(rollout, rollout.baseline, f"v{cand} replaced it",
+                       everywhere=rollout.strategy == Rollout.Strategy.CANARY)
     return False
 
 

@@ -40,6 +40,7 @@ from rollouts.models import (
     Route,
     RouteRevision,
 )
+from rollouts.deployments import consistency
 from rollouts.traffic import routes, samples
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.celery_worker import CeleryWorker, database_url, forget_queue, start_worker
@@ -761,6 +762,44 @@ def test_a_candidate_running_different_configs_on_its_servers_never_gets_traffic
     for load in ModelLoad.objects.filter(version=v2):
         assert load_reconciler.run_to_end(load.pk, max_steps=100).state == ModelLoad.State.UNLOADED
     assert held(world) == before
+
+
+def test_a_canary_on_one_server_is_promoted_onto_every_server_before_it_takes_all_traffic(
+        stack, canary_triton):
+    """The canary runs on a server of its own; its promotion first loads it on the rest of
+    the deployment's servers, then moves all the traffic, then drains and unloads the
+    baseline everywhere: the deployment ends consistent, on one version."""
+    world = stack
+    proc = canary_triton.running()
+    second = InferenceServer.objects.create(
+        cluster=world.cluster, node=world.node, name="triton-canary",
+        runtime=InferenceServer.Runtime.TRITON, http_url=proc.http_url,
+        model_repository=str(proc.model_repository), log_path=str(proc.log_path),
+    )
+    world.deployment.servers.add(second)
+    v2 = world.version(2, config=slow_config(2, 4))
+    made, _ = rollouts.create_rollout(
+        world.user, world.deployment, version=2, servers=["triton-canary"],
+        steps=[{"set_weight": 50}, {"pause": {"seconds": 1}}], analysis_settings=quick(),
+    )
+    with Traffic(world.route_url, world.model.name, clients=2) as traffic:
+        ended = rollout_reconciler.run_to_end(made.pk, max_ticks=200)
+        for load in ModelLoad.objects.filter(state__in=ModelLoad.IN_FLIGHT):
+            load_reconciler.run_to_end(load.pk, max_steps=200)
+
+    assert ended.state == State.SUCCEEDED, (ended.state, ended.reason)
+    ready = set(ModelLoad.objects.filter(version=v2, state=ModelLoad.State.READY)
+                .values_list("server__name", flat=True))
+    assert ready == {"triton", "triton-canary"}
+    assert not ModelLoad.objects.filter(version=world.v1, state=ModelLoad.State.READY).exists()
+    route = Route.objects.get(pk=world.deployment.pk)
+    serving = {m["server"] for name, m in route.variants.items()
+               if m["version"] == 2 and route.weights.get(name, 0) > 0}
+    assert serving == {"triton", "triton-canary"}
+    assert any("loading v2 on triton" == e.message for e in ended.events.all()), [
+        e.message for e in ended.events.all()]
+    assert set(traffic.statuses) == {200}, traffic.failures
+    assert consistency.view(world.deployment).consistent
 
 
 def test_with_failure_limit_1_a_first_failed_look_judges_again_and_the_second_rolls_back(stack):
