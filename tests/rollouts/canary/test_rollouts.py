@@ -29,6 +29,7 @@ from rollouts.canary import actions as rollout_actions
 from rollouts.canary import analysis as canary_analysis
 from rollouts.canary import reconciler as rollout_reconciler
 from rollouts.canary import requests as rollouts
+from rollouts.deployments import consistency
 from rollouts.loads import reconciler as load_reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import (
@@ -40,7 +41,6 @@ from rollouts.models import (
     Route,
     RouteRevision,
 )
-from rollouts.deployments import consistency
 from rollouts.traffic import routes, samples
 from tests.factories import MembershipFactory, UserFactory
 from tests.fixtures.celery_worker import CeleryWorker, database_url, forget_queue, start_worker
@@ -796,7 +796,7 @@ def test_a_canary_on_one_server_is_promoted_onto_every_server_before_it_takes_al
     serving = {m["server"] for name, m in route.variants.items()
                if m["version"] == 2 and route.weights.get(name, 0) > 0}
     assert serving == {"triton", "triton-canary"}
-    assert any("loading v2 on triton" == e.message for e in ended.events.all()), [
+    assert any(e.message == "loading v2 on triton" for e in ended.events.all()), [
         e.message for e in ended.events.all()]
     assert set(traffic.statuses) == {200}, traffic.failures
     assert consistency.view(world.deployment).consistent
