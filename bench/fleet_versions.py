@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 
 # bench/ is this script's folder, first on sys.path: the other benches' helpers are shared.
 from loads import REPO_ROOT, bare_round, check_stop, run_bench, runtime_cache, say
-from rollback import Reconciler, World, start_servers, triton_config
+from rollback import Reconciler, World, artifact_store, loadavg, start_servers, triton_config
 from router import ROUTE_PATH, Client
 
 SERVERS = 3
@@ -153,30 +154,22 @@ def load_everywhere(world: World, version: Any) -> tuple[float, list[Any]]:
 
 
 def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    load_start = loadavg()
     servers = start_servers(tmp, stack)
-    triton, moto = servers["triton"], servers["moto"]
+    triton = servers["triton"]
 
     from django.conf import settings
-    from django.db import connections
     from tritonclient.http import InferenceServerClient
 
     import console.celery
-    from fleet.adapters.s3 import S3ArtifactStore
     from fleet.models import InferenceServer
-    from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
     from local.triton import ensure_runtime, start_triton
     from rollouts.canary import requests as rollouts
     from rollouts.loads import reconciler as load_reconciler
     from rollouts.models import ModelLoad, Rollout
     from rollouts.traffic import routes
 
-    stack.callback(connections.close_all)
-    settings.SWITCHYARD_S3_ENDPOINT_URL = moto.endpoint_url
-    settings.SWITCHYARD_S3_REGION = DEMO_REGION
-    settings.SWITCHYARD_S3_ACCESS_KEY_ID = DEMO_ACCESS_KEY_ID
-    settings.SWITCHYARD_S3_SECRET_ACCESS_KEY = DEMO_SECRET_ACCESS_KEY
-    settings.SWITCHYARD_ARTIFACT_CACHE = servers["data_dir"] / "cache" / "artifacts"
-    settings.SWITCHYARD_LOAD_TIMEOUT_S = 60.0
+    store = artifact_store(servers, tmp, stack)
     rec = Workers(float(settings.SWITCHYARD_ROLLOUT_INTERVAL_S))
     console.celery.send_now = rec.send_now
 
@@ -188,10 +181,6 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
                             log_path=tmp / f"tritonserver-{index}.log")
         stack.callback(proc.stop)
         tritons.append(proc)
-    store = S3ArtifactStore(tmp / "upload-cache", endpoint_url=moto.endpoint_url,
-                            region=DEMO_REGION, access_key_id=DEMO_ACCESS_KEY_ID,
-                            secret_access_key=DEMO_SECRET_ACCESS_KEY)
-    store.ensure_bucket("bench-artifacts")
     world = World(triton, store, "bench-artifacts", triton_config({}, {}))
     for index, proc in enumerate(tritons[1:], start=2):
         world.deployment.servers.add(InferenceServer.objects.create(
@@ -288,6 +277,9 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
         "failures": dict(traffic.why),
         "undo_s": round(max(undos), 3) if undos else None,
         "undo_runs": [round(x, 3) for x in undos],
+        "cpus": os.cpu_count(),
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
     }
 
 
@@ -301,7 +293,9 @@ def print_table(r: dict[str, Any]) -> None:
         ("undo of a failed all-or-none load (max s)", f"{r['undo_s']:.2f}", "<= 2"),
     ]
     out = [f"Fleet versions: {r['servers']} Triton servers behind nginx, {r['rate']:g} req/s, "
-           f"{r['runs']} runs each", f"{'':52}{'value':>10}{'goal':>10}"]
+           f"{r['runs']} runs each; load average {r['loadavg_start'][0]:.2f} at the start, "
+           f"{r['loadavg_end'][0]:.2f} at the end ({r['cpus']} CPUs)",
+           f"{'':52}{'value':>10}{'goal':>10}"]
     out += [f"{name:52}{value:>10}{goal:>10}" for name, value, goal in rows]
     print("\n".join(out))  # noqa: T201
 

@@ -397,6 +397,30 @@ def start_servers(tmp: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
     return {"moto": moto, "triton": triton, "nginx": nginx, "data_dir": data_dir}
 
 
+def artifact_store(servers: dict[str, Any], tmp: Path, stack: contextlib.ExitStack) -> Any:
+    """Point the settings at the servers' moto S3 and artifact cache (loads time out after
+    60 s), and give the bench's store of version artifacts with its bucket made."""
+    from django.conf import settings
+    from django.db import connections
+
+    from fleet.adapters.s3 import S3ArtifactStore
+    from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
+
+    moto = servers["moto"]
+    stack.callback(connections.close_all)
+    settings.SWITCHYARD_S3_ENDPOINT_URL = moto.endpoint_url
+    settings.SWITCHYARD_S3_REGION = DEMO_REGION
+    settings.SWITCHYARD_S3_ACCESS_KEY_ID = DEMO_ACCESS_KEY_ID
+    settings.SWITCHYARD_S3_SECRET_ACCESS_KEY = DEMO_SECRET_ACCESS_KEY
+    settings.SWITCHYARD_ARTIFACT_CACHE = servers["data_dir"] / "cache" / "artifacts"
+    settings.SWITCHYARD_LOAD_TIMEOUT_S = 60.0
+    store = S3ArtifactStore(tmp / "upload-cache", endpoint_url=moto.endpoint_url,
+                            region=DEMO_REGION, access_key_id=DEMO_ACCESS_KEY_ID,
+                            secret_access_key=DEMO_SECRET_ACCESS_KEY)
+    store.ensure_bucket("bench-artifacts")
+    return store
+
+
 def free_udp_port() -> int:
     import socket
 
@@ -409,14 +433,11 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     started = time.monotonic()
     load_start = loadavg()
     servers = start_servers(tmp, stack)
-    triton, moto = servers["triton"], servers["moto"]
+    triton = servers["triton"]
 
     from django.conf import settings
-    from django.db import connections
 
     import console.celery
-    from fleet.adapters.s3 import S3ArtifactStore
-    from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_REGION, DEMO_SECRET_ACCESS_KEY
     from local.triton import server_version
     from rollouts.canary.analysis import ANALYSIS_DEFAULTS
     from rollouts.loads import reconciler as load_reconciler
@@ -424,21 +445,10 @@ def bench(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> d
     from rollouts.models import ModelLoad
     from rollouts.traffic import routes
 
-    stack.callback(connections.close_all)
-    settings.SWITCHYARD_S3_ENDPOINT_URL = moto.endpoint_url
-    settings.SWITCHYARD_S3_REGION = DEMO_REGION
-    settings.SWITCHYARD_S3_ACCESS_KEY_ID = DEMO_ACCESS_KEY_ID
-    settings.SWITCHYARD_S3_SECRET_ACCESS_KEY = DEMO_SECRET_ACCESS_KEY
-    settings.SWITCHYARD_ARTIFACT_CACHE = servers["data_dir"] / "cache" / "artifacts"
-    settings.SWITCHYARD_LOAD_TIMEOUT_S = 60.0
+    store = artifact_store(servers, tmp, stack)
     interval = float(settings.SWITCHYARD_ROLLOUT_INTERVAL_S)
     rec = Reconciler(interval)
     console.celery.send_now = rec.send_now  # send_soon's tasks run in the bench's loop
-
-    store = S3ArtifactStore(tmp / "upload-cache", endpoint_url=moto.endpoint_url,
-                            region=DEMO_REGION, access_key_id=DEMO_ACCESS_KEY_ID,
-                            secret_access_key=DEMO_SECRET_ACCESS_KEY)
-    store.ensure_bucket("bench-artifacts")
     slow: dict[int, float] = {}
     for k, factor in enumerate(args.slowdowns):
         for i in range(args.runs):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleet.adapters.routers.nginx_paths import pid_file
 from local.nginx import NginxProcess, start_nginx, stop_pid
 from local.processes import cmdline
 
@@ -50,7 +51,7 @@ def stop_leftover(prefix: Path) -> int | None:
     command line names this prefix's main config). Returns its pid, or None."""
     prefix = Path(prefix).resolve()
     try:
-        pid = int((prefix / "nginx.pid").read_text().strip() or 0)
+        pid = int(pid_file(prefix).read_text().strip() or 0)
     except (OSError, ValueError):
         return None
     if not pid or str(prefix / "conf" / "nginx.conf") not in " ".join(cmdline(pid)):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -58,6 +59,7 @@ from fleet.adapters.triton_model_config import (
 )
 from fleet.adapters.triton_repository import CONFIG_NAME, ModelRepository, check_names
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 READY = "READY"
@@ -163,9 +165,13 @@ class TritonServerRuntime:
         except (NotADirectoryError, FileNotFoundError, PermissionError) as exc:
             if not str(exc.filename or "").startswith(str(self.repository.path)):
                 raise
+            # The path stays in the operators' log: the error is read by the load's tenant,
+            # and a server's repository is for platform admins only.
+            log.warning("model repository %s cannot be written: %s (%s)",
+                        self.repository.path, exc.strerror, exc.filename)
             raise AdapterError(
-                f"the server's model repository {self.repository.path} cannot be written: "
-                f"{exc.strerror} ({exc.filename}); check the server's model_repository",
+                f"the server's model repository cannot be written ({exc.strerror}): a platform "
+                "admin must check the server's model_repository",
                 permanent=True,
             ) from None
 
