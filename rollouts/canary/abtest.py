@@ -21,7 +21,7 @@ import numpy as np
 from scipy import stats
 
 from rollouts.canary import sequential
-from rollouts.canary.judge import Interval
+from rollouts.canary.verdicts import Interval
 
 
 def _wilson(successes: int, n: int, z: float) -> tuple[float, float]:

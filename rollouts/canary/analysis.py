@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from console.exceptions import DomainError
 from fleet.models import InferenceServer
-from rollouts.canary import abtest, clustered, judge, metrics, policy
+from rollouts.canary import abtest, clustered, judge, metrics, policy, verdicts
 from rollouts.models import ModelLoad, ModelVersion, Rollout, RolloutAnalysis, Route
 from rollouts.traffic import sample_types, samples, window_cache
 from rollouts.traffic.columns import Columns, ended_since
@@ -442,7 +442,7 @@ def ab_verdict(rollout: Rollout, by_version: dict[int, list[sample_types.Sample]
         difference = abtest.classify(
             diff, float(np.median(ref.latencies)), float(np.quantile(ref.latencies, 0.95)),
             config["latency_tolerance_pct"], config["error_tolerance_pct"])
-        rows.append({"version": number, **judge.jsonable(dataclasses.asdict(diff)),
+        rows.append({"version": number, **verdicts.jsonable(dataclasses.asdict(diff)),
                      "difference": difference, "client_errors": found.client_errors})
     better = [r for r in rows if r["difference"] == "better"]
     if all(r["difference"] == "none" for r in rows):

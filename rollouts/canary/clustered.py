@@ -40,7 +40,7 @@ from scipy import stats
 from rollouts.canary import sequential
 from rollouts.canary.abtest import VariantDifference, compare_errors, samples_needed
 from rollouts.canary.arms import is_failure
-from rollouts.canary.judge import Interval
+from rollouts.canary.verdicts import Interval
 
 # Fewer users than this on a side: no variance over users is trusted.
 MIN_USERS = 10

@@ -50,18 +50,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rollouts.canary import sequential
 from rollouts.canary.arms import Arm
+from rollouts.canary.verdicts import FAIL, GUARDS, INCONCLUSIVE, Judgement, Metric, describe
+from rollouts.canary.verdicts import PASS as PASS  # re-exported: the judge's verdicts
 from rollouts.traffic.columns import Columns, ended_since
-
-PASS = "pass"
-FAIL = "fail"
-INCONCLUSIVE = "inconclusive"
 
 # The mixture of each bound is tightest for effects about this many times its tolerance: large
 # enough that a gross regression is stopped after a handful of requests, small enough that the
@@ -76,9 +74,6 @@ MIN_LATENCY_SAMPLES = sequential.MIN_FOR_QUANTILE
 # counts the requests slower than its p99.
 TAIL_FROM = 0.95
 SHARE_FROM = 0.99
-# Metrics that fail a canary shown beyond their tolerance but need not be shown within it
-# for a pass.
-GUARDS = frozenset({"tail", "tail99", "recent", "ttft", "tpot", "generation"})
 # The last analysis step holds its pass until the canary's share past the baseline's p99 is
 # shown at most this many percent above the baseline's own (at most twice it): a version whose
 # slowest hundredth grew much slower moves about twice the requests past that line, so it is
@@ -148,92 +143,6 @@ def block_alpha(alpha: float, block: int) -> float:
     return alpha * 6 / (math.pi ** 2 * max(block, 1) ** 2)
 
 
-@dataclass(frozen=True)
-class Interval:
-    estimate: float
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric's look: its estimate and anytime-valid bounds against its tolerance (all in
-    the metric's ``unit``), what the canary and baseline showed, and the state it is in:
-    ``fail`` (lower bound beyond), ``within`` (upper bound within), ``open`` (neither yet),
-    ``unresolved`` (the data's step is coarser than the tolerance) or ``waiting`` (too few)."""
-
-    name: str
-    unit: str
-    state: str
-    estimate: float | None
-    low: float | None
-    high: float | None
-    tolerance: float
-    canary: float | None
-    baseline: float | None
-    evidence: float  # the fail side's evidence, as a share of what a fail needs (1.0 = fail)
-    note: str = ""
-
-    def shown(self) -> dict[str, Any]:
-        """The metric in the units people read: a ratio's estimate, bounds and tolerance in
-        percent slower, a rate's in percentage points (the rates in percent), a gate's
-        latency in ms; ``canary`` and ``baseline`` in ms or percent."""
-        if self.unit == "log-ratio":
-            change, side, unit = _pct, _same, "%"
-        elif self.unit == "log-ms":
-            change, side, unit = _exp, _same, "ms"
-        else:
-            change, side, unit = _percent, _percent, "points" if self.name == "errors" else "%"
-        low = change(self.low)
-        if self.unit == "share" and self.name != "errors" and low is not None:
-            low = max(low, 0.0)  # a rate's bound: never below no errors at all
-        return {"estimate": change(self.estimate), "low": low,
-                "high": change(self.high), "tolerance": change(self.tolerance), "unit": unit,
-                "canary": side(self.canary), "baseline": side(self.baseline)}
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """One look's verdict with every number behind it."""
-
-    verdict: str  # fail, or inconclusive while nothing is shown beyond a tolerance
-    within: bool  # every metric is shown within its tolerance
-    reasons: list[str]
-    canary_samples: int
-    baseline_samples: int
-    alpha_per_test: float
-    resolution_ms: float
-    metrics: list[Metric] = field(default_factory=list)
-    gates: list[Metric] = field(default_factory=list)
-    client_errors: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """Every number, and beside each metric the same in the units people read
-        (``shown``: percent for ratios and rates, ms for a gate's latency)."""
-        out = jsonable(asdict(self))
-        for key in ("metrics", "gates"):
-            for data, m in zip(out[key], getattr(self, key), strict=True):
-                data["shown"] = jsonable(m.shown())
-        return out
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with numpy scalars as Python numbers and non-finite floats as None."""
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value
-
-
-# --------------------------------------------------------------------------------------------
-# One metric
-# --------------------------------------------------------------------------------------------
-
 
 def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: float,
              tau: float, alpha: float, canary: float | None, baseline: float | None,
@@ -261,25 +170,6 @@ def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: 
 def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
     return Metric(name, unit, "waiting", None, None, None, tolerance, None, None, 0.0, note)
 
-
-# A ratio is shown up to ten thousand times (+999,900%): a bound beyond says no more.
-MAX_SHOWN_LOG_RATIO = math.log(1e4)
-
-
-def _pct(log_ratio: float | None) -> float | None:
-    return None if log_ratio is None else 100 * math.expm1(min(log_ratio, MAX_SHOWN_LOG_RATIO))
-
-
-def _exp(value: float | None) -> float | None:
-    return None if value is None else math.exp(min(value, 700.0))
-
-
-def _percent(share: float | None) -> float | None:
-    return None if share is None else 100 * share
-
-
-def _same(value: float | None) -> float | None:
-    return value
 
 
 def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: sequential.Sorted,
@@ -516,9 +406,9 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
                              if with_baseline else all(m.state != "waiting" for m in gates))
     # The reasons: what failed, or every metric with its numbers (and the gates that have
     # them), so a verdict always shows what it rests on.
-    reasons = [describe(m, config) for m in failed] or (
-        [describe(m, config) for m in metrics]
-        + [describe(g, config) for g in gates if g.state != "waiting"])
+    reasons = [describe(m, config.error_ratio_pct) for m in failed] or (
+        [describe(m, config.error_ratio_pct) for m in metrics]
+        + [describe(g, config.error_ratio_pct) for g in gates if g.state != "waiting"])
     client = {"canary": canary.client_errors, "baseline": baseline.client_errors if baseline else 0}
     return Judgement(FAIL if failed else INCONCLUSIVE, within, reasons, canary.total,
                      baseline.total if baseline else 0, alpha, step, metrics, gates, client)
@@ -553,47 +443,3 @@ def judge_pairs(canary: Sequence[Any], baseline: Sequence[Any], config: JudgeCon
                  pairs=pairs)
 
 
-def describe(m: Metric, config: JudgeConfig) -> str:
-    """One metric's state in words, with its numbers."""
-    if m.state == "waiting":
-        return f"{m.name}: {m.note}"
-    if m.name == "tail99":
-        pct = _pct(m.estimate)
-        text = (f"requests slower than the baseline's p99: {m.canary:.2f}% of the canary's "
-                f"against {m.baseline:.2f}% of the baseline's, {abs(pct):.0f}% "
-                f"{'more' if pct >= 0 else 'fewer'}, bounds {_pct(m.low):+.0f}% to "
-                f"{_pct(m.high):+.0f}%, tolerance {_pct(m.tolerance):g}%")
-    elif m.unit == "log-ratio":
-        what = {"median": "median latency", "recent": "median latency in the current window",
-                "ttft": "median time to first token (streamed answers)",
-                "generation": "median generation time after the first token",
-                "tpot": "median time per output token",
-                "paired": "the same requests on the canary (geometric mean of each one's "
-                          "ratio)"}.get(
-            m.name, "the slowest requests (above the baseline's p95)")
-        pct = _pct(m.estimate)
-        text = (f"{what} {abs(pct):.1f}% {'slower' if pct >= 0 else 'faster'} "
-                f"({m.canary:.3g} ms against "
-                f"{m.baseline:.3g} ms), bounds {_pct(m.low):+.1f}% to {_pct(m.high):+.1f}%, "
-                f"tolerance {_pct(m.tolerance):g}%")
-    elif m.unit == "log-ms":
-        text = (f"SLO {m.name} {_exp(m.estimate):.4g} ms, bounds {_exp(m.low):.4g} to "
-                f"{_exp(m.high):.4g} ms, ceiling {_exp(m.tolerance):g} ms")
-    elif m.name == "errors":
-        text = (f"errors {100 * m.canary:.2f}% against {100 * m.baseline:.2f}%: "
-                f"{100 * m.estimate:+.2f} points over the {config.error_ratio_pct:g}% allowed "
-                f"above the baseline's rate, bounds {100 * m.low:+.2f} to {100 * m.high:+.2f}, "
-                f"tolerance {100 * m.tolerance:g} points")
-    else:
-        shown = m.shown()
-        text = (f"SLO {m.name} {shown['estimate']:.2f}%, bounds {shown['low']:.2f}% "
-                f"to {shown['high']:.2f}%, ceiling {shown['tolerance']:g}%")
-    if m.state == FAIL:
-        return f"{text}: beyond it"
-    if m.state == "unresolved":
-        return f"{text}: {m.note}"
-    if m.state == "open" and m.name in GUARDS:
-        return f"{text}: not shown beyond it (a guard: it can fail the canary, not hold a pass)"
-    if m.state == "open":
-        return f"{text}: not yet shown within"
-    return f"{text}: within"
