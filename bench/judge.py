@@ -40,7 +40,10 @@ that turns 20% slower 150 s in (mid-block) must be sent back.
 
 Goals (issue 22): A/A false fail <= 5% with its upper bound <= 6%; A/A inconclusive <= 10%;
 detection >= 95% for +10% median, p99 +50% and errors 0.1% -> 1% at 5% first weight with
-1 s looks, and for +10% on a shadow; no contradiction.
+1 s looks, and for +10% on a shadow; no contradiction; and a wrong pass (a version at or beyond
+a tolerance promoted, ``errors-0.1%-0.5%`` just beyond the errors allowed) at most 5% in every
+such scenario, its upper bound at most 6%: each upper bound is drawn at ``alpha`` alone
+(``JudgeConfig.alpha_within``), since a pass needs every metric within.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ SCENARIOS = {s.name: s for s in [
     Scenario("p99+50%", p99_factor=1.5),
     Scenario("errors-0.1%-1%", canary_errors=0.01),
     Scenario("errors-1%-2%", canary_errors=0.02, base_errors=0.01),
+    # Just beyond the errors allowed (twice the baseline's 0.1% plus 0.2 points: 0.4%).
+    Scenario("errors-0.1%-0.5%", canary_errors=0.005),
     Scenario("late-onset-120s+20%", median_factor=1.20, onset_s=120),
     Scenario("cold-start-10s", cold_s=10, bad=False),
     Scenario("shadow-aa", shadow=True, bad=False),
@@ -325,6 +330,7 @@ def run_scenarios(names: list[str], runs: int, jobs: int) -> dict[str, dict]:
                 "fail": fails / runs,
                 "fail_upper95": clopper_pearson_upper(fails, runs),
                 "pass": ends.count(judging.PASS) / runs,
+                "pass_upper95": clopper_pearson_upper(ends.count(judging.PASS), runs),
                 "inconclusive": ends.count(judging.INCONCLUSIVE) / runs,
                 "median_s": float(np.median([r["seconds"] for r in results])),
                 "median_fail_s": (float(np.median([r["seconds"] for r in results if r["end"] == judging.FAIL]))
@@ -351,6 +357,10 @@ def summary(table: dict[str, dict]) -> dict:
                                      if n in table and not SCENARIOS[n].shadow), default=None),
         "detection": {n: r["fail"] for n, r in table.items() if SCENARIOS[n].bad},
         "false_fail": {n: r["fail"] for n, r in table.items() if not SCENARIOS[n].bad},
+        # A pass where a fail is right: the version is at or beyond a tolerance.
+        "wrong_pass": {n: r["pass"] for n, r in table.items() if SCENARIOS[n].bad},
+        "wrong_pass_upper95": max((r["pass_upper95"] for n, r in table.items()
+                                   if SCENARIOS[n].bad), default=None),
         "time_to_verdict_s": {n: r["median_s"] for n, r in table.items()},
         "contradictions": sum(r["contradictions"] for r in table.values()),
         "worst_aa": worst,
@@ -366,6 +376,9 @@ def goals(s: dict) -> list[tuple[str, bool]]:
     if s["aa_inconclusive_rate"] is not None:
         out.append(("A/A inconclusive <= 10%", s["aa_inconclusive_rate"] <= 0.10))
     out += [(f"detection {n} >= 95%", det[n] >= 0.95) for n in DETECTION_GOALS if n in det]
+    if s["wrong_pass_upper95"] is not None:
+        out += [("wrong pass (at or beyond a tolerance) <= 5%", max(s["wrong_pass"].values()) <= 0.05),
+                ("wrong pass upper bound <= 6%", s["wrong_pass_upper95"] <= 0.06)]
     out.append(("no contradiction", s["contradictions"] == 0))
     return out
 

@@ -31,8 +31,10 @@ How (see :mod:`rollouts.canary.sequential`): every metric's estimate gets a lowe
 bound that hold at every look at once (a confidence sequence), so the judge may look every
 second from the first requests on. **One error budget**: ``alpha`` is the chance, over the
 whole analysis, of failing a canary that is within every tolerance; it is split evenly over the
-metrics and gates judged (and over the fresh starts ``failure_limit`` allows), and each bound is
-drawn at its share. The verdict never contradicts the bounds:
+metrics and gates judged (and over the fresh starts ``failure_limit`` allows), and each lower
+bound is drawn at its share. A pass needs every metric within, so each upper bound is drawn at
+``alpha`` alone (:meth:`JudgeConfig.alpha_within`): a wrong pass stays under ``alpha`` too.
+The verdict never contradicts the bounds:
 
 * ``fail`` when a metric's lower bound is beyond its tolerance (or a gate's beyond its ceiling);
 * ``within`` (``Judgement.within``) when the median's and the errors' upper bounds are within
@@ -136,6 +138,14 @@ class JudgeConfig:
         tests = ((7 if self.streamed else 5) if with_baseline else 0) + len(self.gates())
         return self.alpha / self.fresh_starts / max(tests, 1)
 
+    def alpha_within(self) -> float:
+        """Each upper bound's level: ``alpha`` over the fresh starts only. A pass needs every
+        metric it rests on shown within (an intersection-union test, Berger 1982): a version
+        beyond one tolerance passes only if that metric's own upper bound is wrong, so each
+        upper bound at ``alpha`` keeps a wrong pass under ``alpha``, while the lower bounds, any
+        one of which fails the canary, share ``alpha`` between them."""
+        return self.alpha / self.fresh_starts
+
 
 def block_alpha(alpha: float, block: int) -> float:
     """The recent window's share for its ``block``-th minute (1, 2, ...): ``alpha`` times
@@ -143,14 +153,29 @@ def block_alpha(alpha: float, block: int) -> float:
     return alpha * 6 / (math.pi ** 2 * max(block, 1) ** 2)
 
 
+@dataclass(frozen=True)
+class Levels:
+    """A look's two levels: ``fail``, each lower bound's share of the budget
+    (:meth:`JudgeConfig.alpha_per_test`), and ``within``, each upper bound's
+    (:meth:`JudgeConfig.alpha_within`)."""
+
+    fail: float
+    within: float
+
+    def of_block(self, block: int) -> Levels:
+        """Both levels for the ``block``-th block of a sliding look (:func:`block_alpha`)."""
+        return Levels(block_alpha(self.fail, block), block_alpha(self.within, block))
+
+
 
 def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: float,
-             tau: float, alpha: float, canary: float | None, baseline: float | None,
+             tau: float, levels: Levels, canary: float | None, baseline: float | None,
              note: str = "", resolved: bool = True) -> Metric:
-    """The metric with its bounds at ``alpha`` and its state."""
+    """The metric with its lower bound at ``levels.fail``, its upper bound at
+    ``levels.within``, and its state."""
     sd = math.sqrt(max(variance, 1e-300))
-    z = sequential.bound_multiplier(variance, tau, alpha)
-    low, high = estimate - z * sd, estimate + z * sd
+    low = estimate - sequential.bound_multiplier(variance, tau, levels.fail) * sd
+    high = estimate + sequential.bound_multiplier(variance, tau, levels.within) * sd
     if low > tolerance:
         state = FAIL
     elif not resolved:
@@ -162,7 +187,7 @@ def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: 
     distance = (estimate - tolerance) / sd
     log_ratio = (sequential.log_mixture_ratio(distance, tau * tau / max(variance, 1e-300))
                  if distance > 0 else 0.0)
-    evidence = min(max(log_ratio, 0.0) / math.log(1 / alpha), 99.0)
+    evidence = min(max(log_ratio, 0.0) / math.log(1 / levels.fail), 99.0)
     return Metric(name, unit, state, estimate, low, high, tolerance, canary, baseline,
                   evidence, note)
 
@@ -173,7 +198,7 @@ def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
 
 
 def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: sequential.Sorted,
-                   tolerance_pct: float, alpha: float) -> Metric:
+                   tolerance_pct: float, levels: Levels) -> Metric:
     """The canary's ``q`` quantile over the baseline's, on the log scale (``unit`` log-ratio;
     :func:`_pct` turns it into percent)."""
     tolerance = math.log1p(tolerance_pct / 100)
@@ -192,11 +217,11 @@ def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: seq
         f"{tolerance_pct:g}% of {qb:.3g} ms is {tolerance_ms:.2g} ms, finer than the "
         f"{step:g} ms the samples are recorded in can show")
     return _bounded(name, "log-ratio", math.log(qc / qb), variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.01), alpha, qc, qb, note, resolved)
+                    TAU_FACTOR * max(tolerance, 0.01), levels, qc, qb, note, resolved)
 
 
 def paired_ratio(canary_ms: np.ndarray, baseline_ms: np.ndarray, tolerance_pct: float,
-                 alpha: float, step: float) -> Metric:
+                 levels: Levels, step: float) -> Metric:
     """Each request's time on the canary over the same request's time on the baseline (a
     shadow's copy and its original), as the mean of the log ratios: the geometric mean of the
     per-request slowdowns (``unit`` log-ratio). Pairing takes out what both sides share (each
@@ -228,12 +253,12 @@ def paired_ratio(canary_ms: np.ndarray, baseline_ms: np.ndarray, tolerance_pct: 
         f"{tolerance_pct:g}% of {typical:.3g} ms is {tolerance_ms:.2g} ms, finer than the "
         f"{step:g} ms the samples are recorded in can show")
     return _bounded("paired", "log-ratio", float(ratios.mean()), variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.01), alpha, math.exp(float(log_c.mean())) - half,
+                    TAU_FACTOR * max(tolerance, 0.01), levels, math.exp(float(log_c.mean())) - half,
                     math.exp(float(log_b.mean())) - half, note, resolved)
 
 
 def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance_pct: float,
-               alpha: float) -> Metric:
+               levels: Levels) -> Metric:
     """How much slower the canary's slowest requests are: the geometric mean of its requests
     above the baseline's p95 over the baseline's own (on the log scale). Every request in the
     tail counts, so it sees a tail regression with far fewer requests than a p99 does (on
@@ -252,12 +277,12 @@ def tail_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance
     (k_c, mean_c, var_c), (k_b, mean_b, var_b) = sides
     variance = max(var_c, 1e-6) / k_c + max(var_b, 1e-6) / k_b
     return _bounded("tail", "log-ratio", mean_c - mean_b, variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.01), alpha, math.exp(mean_c), math.exp(mean_b),
+                    TAU_FACTOR * max(tolerance, 0.01), levels, math.exp(mean_c), math.exp(mean_b),
                     f"the requests above the baseline's p95 of {threshold:.3g} ms")
 
 
 def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, tolerance_pct: float,
-                alpha: float) -> Metric:
+                levels: Levels) -> Metric:
     """How much more often the canary is slower than the baseline's p99: the share of its
     requests past that line over the baseline's own (on the log scale, each share with half a
     request added, so that none past it is not taken for certainty). A version whose slowest
@@ -278,16 +303,16 @@ def share_ratio(canary: sequential.Sorted, baseline: sequential.Sorted, toleranc
     p_b = (k_b + 0.5) / (len(baseline) + 1)
     variance = (1 - p_c) / (k_c + 0.5) + (1 - p_b) / (k_b + 0.5)
     return _bounded("tail99", "log-ratio", math.log(p_c / p_b), variance, tolerance,
-                    max(SHARE_TAU, TAU_FACTOR * tolerance), alpha, 100 * p_c, 100 * p_b,
+                    max(SHARE_TAU, TAU_FACTOR * tolerance), levels, 100 * p_c, 100 * p_b,
                     f"requests slower than the baseline's p99 of {threshold:.3g} ms")
 
 
 def streamed_ratio(name: str, canary_ms: np.ndarray, baseline_ms: np.ndarray,
-                   tolerance_pct: float, alpha: float) -> Metric:
+                   tolerance_pct: float, levels: Levels) -> Metric:
     """An LLM route's streamed answers, median over median (a guard): ``ttft``, ``tpot`` or
     ``generation`` (the time after the first token: with requests split at random, its ratio
     is the time per token's times the answers' lengths', both of which users feel)."""
-    return quantile_ratio(name, 0.5, *_aligned(canary_ms, baseline_ms), tolerance_pct, alpha)
+    return quantile_ratio(name, 0.5, *_aligned(canary_ms, baseline_ms), tolerance_pct, levels)
 
 
 def _aligned(canary_ms: np.ndarray, baseline_ms: np.ndarray) -> tuple[sequential.Sorted, sequential.Sorted]:
@@ -297,18 +322,18 @@ def _aligned(canary_ms: np.ndarray, baseline_ms: np.ndarray) -> tuple[sequential
     return (c if c.step == step else c.with_step(step)), (b if b.step == step else b.with_step(step))
 
 
-def recent_median(recent: Recent, config: JudgeConfig, alpha: float, step: float) -> Metric:
-    """The median ratio over the current block only, at its block's share of ``alpha``: a
+def recent_median(recent: Recent, config: JudgeConfig, levels: Levels, step: float) -> Metric:
+    """The median ratio over the current block only, at its block's share of the levels: a
     guard (it fails a canary that turned slow; it does not hold a pass)."""
     c = sequential.Sorted(recent.canary.latencies, step)
     b = sequential.Sorted(recent.baseline.latencies, step)
     found = quantile_ratio("recent", 0.5, c, b, config.latency_tolerance_pct,
-                           block_alpha(alpha, recent.block))
+                           levels.of_block(recent.block))
     return replace(found, note=(f"the last {recent.seconds:g} s window (number {recent.block})"
                                 + (f"; {found.note}" if found.note else "")))
 
 
-def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) -> Metric:
+def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, levels: Levels) -> Metric:
     """The canary's error rate over what is allowed relative to the baseline's (a share, not
     percent: ``0.004`` is 0.4 points)."""
     n_c, n_b = canary.total, baseline.total
@@ -320,11 +345,11 @@ def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, alpha: float) 
     variance = (sequential.proportion_variance(canary.errors, n_c)
                 + k * k * sequential.proportion_variance(baseline.errors, n_b))
     return _bounded("errors", "share", p_c - k * p_b, variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.001), alpha, p_c, p_b)
+                    TAU_FACTOR * max(tolerance, 0.001), levels, p_c, p_b)
 
 
 def gate(name: str, q: float | None, ceiling: float, canary: Arm, ordered: sequential.Sorted,
-         alpha: float) -> Metric:
+         levels: Levels) -> Metric:
     """The canary alone against an SLO ceiling (ms for a quantile, percent for the error
     rate): it fails when its lower bound is above the ceiling."""
     if q is None:
@@ -333,14 +358,14 @@ def gate(name: str, q: float | None, ceiling: float, canary: Arm, ordered: seque
             return _waiting(name, "share", ceiling / 100, "no requests yet")
         rate = canary.errors / n
         return _bounded(name, "share", rate, sequential.proportion_variance(canary.errors, n),
-                        ceiling / 100, TAU_FACTOR * max(ceiling / 100, 0.005), alpha, rate, None)
+                        ceiling / 100, TAU_FACTOR * max(ceiling / 100, 0.005), levels, rate, None)
     se = ordered.quantile_se(q)
     tolerance = math.log(ceiling)
     if se is None:
         return _waiting(name, "log-ms", tolerance, f"needs more answered requests (has {len(ordered)})")
     value = max(ordered.quantile(q), ordered.step / 4 if ordered.step else 1e-6)
     return _bounded(name, "log-ms", math.log(value), (se / value) ** 2, tolerance,
-                    TAU_FACTOR * 0.2, alpha, value, None)
+                    TAU_FACTOR * 0.2, levels, value, None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,34 +394,34 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
     baseline's times for the same requests (a shadow), judged request by request in place of
     the medians (:func:`paired_ratio`)."""
     with_baseline = baseline is not None
-    alpha = config.alpha_per_test(with_baseline)
+    levels = Levels(config.alpha_per_test(with_baseline), config.alpha_within())
     c_sorted = sequential.Sorted(canary.latencies)
     metrics: list[Metric] = []
     step = c_sorted.step
     if baseline is not None:
         c_sorted, b_sorted = _aligned(canary.latencies, baseline.latencies)
         step = c_sorted.step
-        central = (paired_ratio(*pairs, config.latency_tolerance_pct, alpha, step)
+        central = (paired_ratio(*pairs, config.latency_tolerance_pct, levels, step)
                    if pairs is not None else
                    quantile_ratio("median", 0.5, c_sorted, b_sorted, config.latency_tolerance_pct,
-                                  alpha))
+                                  levels))
         metrics = [
             central,
-            tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
-            share_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, alpha),
-            error_excess(canary, baseline, config, alpha),
+            tail_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, levels),
+            share_ratio(c_sorted, b_sorted, config.tail_tolerance_pct, levels),
+            error_excess(canary, baseline, config, levels),
         ]
         if config.streamed:
             metrics += [streamed_ratio("ttft", canary.ttft, baseline.ttft,
-                                       config.ttft_tolerance_pct, alpha),
+                                       config.ttft_tolerance_pct, levels),
                         # Per output token where the router counts both sides' tokens.
                         streamed_ratio(*(("tpot", canary.tpot, baseline.tpot)
                                          if len(canary.tpot) and len(baseline.tpot) else
                                          ("generation", canary.generation, baseline.generation)),
-                                       config.generation_tolerance_pct, alpha)]
+                                       config.generation_tolerance_pct, levels)]
         if recent is not None and recent.block >= 2:  # the first block is all the evidence
-            metrics.append(recent_median(recent, config, alpha, step))
-    gates = [gate(name, q, ceiling, canary, c_sorted, alpha) for name, q, ceiling in config.gates()]
+            metrics.append(recent_median(recent, config, levels, step))
+    gates = [gate(name, q, ceiling, canary, c_sorted, levels) for name, q, ceiling in config.gates()]
     failed = [m for m in metrics + gates if m.state == FAIL]
     # Without a baseline (the canary carries all the traffic) the gates alone decide: within
     # once each has the requests it needs and none is shown above its ceiling. The tail is a
@@ -411,7 +436,8 @@ def judge(canary: Arm, baseline: Arm | None, config: JudgeConfig,
         + [describe(g, config.error_ratio_pct) for g in gates if g.state != "waiting"])
     client = {"canary": canary.client_errors, "baseline": baseline.client_errors if baseline else 0}
     return Judgement(FAIL if failed else INCONCLUSIVE, within, reasons, canary.total,
-                     baseline.total if baseline else 0, alpha, step, metrics, gates, client)
+                     baseline.total if baseline else 0, levels.fail, step, metrics, gates, client,
+                     levels.within)
 
 
 def judge_samples(canary: Sequence[Any] | Columns, baseline: Sequence[Any] | Columns | None,

@@ -75,6 +75,8 @@ class Judgement:
     metrics: list[Metric] = field(default_factory=list)
     gates: list[Metric] = field(default_factory=list)
     client_errors: dict[str, int] = field(default_factory=dict)
+    # Each upper bound's level (a pass needs every metric within: JudgeConfig.alpha_within).
+    alpha_within: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Every number, and beside each metric the same in the units people read

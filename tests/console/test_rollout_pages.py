@@ -143,7 +143,7 @@ def test_the_page_shows_steps_weights_analysis_timeline_and_approvals(setup, dav
     median = shown["median"]
     for number in (f"{median['canary']:.2f} ms", f"{median['estimate']:.2f} %",
                    f"{median['low']:.2f} to {median['high']:.2f}", "≤ 5 %", "≤ 10 %",
-                   "≤ 0.20 points", f"{judgement.alpha_per_test:.3g} a test", "1209", "3606", "7 canary, 0 baseline",
+                   "≤ 0.20 points", f"lower bounds at {judgement.alpha_per_test:.3g} each", "1209", "3606", "7 canary, 0 baseline",
                    "1209 canary requests show it within every tolerance"):
         assert number in body, number
     assert 'data-gate="p99"' in body and 'data-gate="error rate"' in body and "plan reviewed" in body

@@ -379,6 +379,26 @@ def test_the_budget_is_split_over_the_tests_and_the_fresh_starts():
     assert judgement.to_json()["gates"][0]["name"] == "p99"
 
 
+def test_a_pass_needs_every_upper_bound_within_so_each_is_drawn_at_alpha_alone():
+    """Any one lower bound beyond fails the canary, so the lower bounds share the budget; a
+    pass needs every metric within, so a version beyond one tolerance passes only if that
+    metric's own upper bound is wrong, and each upper bound is drawn at ``alpha`` (over the
+    fresh starts). Identical errors (0.1% a side, the demo's) are shown within at 6,000
+    requests a side; at the budget's share per test they needed about 7,000."""
+    config = JudgeConfig(max_p99_ms=50, max_error_rate=1, fresh_starts=2)
+    assert config.alpha_within() == pytest.approx(0.05 / 2)
+    rng = np.random.default_rng(5)
+    n = 6000
+    found = judge(arm(latencies(rng, n - 6), errors=6), arm(latencies(rng, n - 6), errors=6),
+                  JudgeConfig(max_p99_ms=50, max_error_rate=1))
+    errors = metric(found, "errors")
+    assert (found.alpha_per_test, found.alpha_within) == (pytest.approx(0.05 / 7), 0.05)
+    assert errors.state == "within", errors
+    assert errors.high - errors.estimate < errors.estimate - errors.low
+    # Drawn at the fail side's level (the lower bound mirrored), it would not be within yet.
+    assert errors.estimate + (errors.estimate - errors.low) > errors.tolerance
+
+
 def test_a_handful_of_wildly_spread_requests_gives_numbers_not_an_overflow():
     """Bounds on the log scale can be huge at a handful of requests; the words and the
     numbers shown for them stay finite."""
