@@ -342,6 +342,11 @@ def run_scenarios(names: list[str], runs: int, jobs: int) -> dict[str, dict]:
     return out
 
 
+def _beyond_from_start(name: str) -> bool:
+    sc = SCENARIOS[name]
+    return sc.bad and not sc.onset_s
+
+
 def summary(table: dict[str, dict]) -> dict:
     aa = [table[n] for n in AA if n in table]
     fails = sum(round(r["fail"] * r["runs"]) for r in aa)
@@ -357,10 +362,11 @@ def summary(table: dict[str, dict]) -> dict:
                                      if n in table and not SCENARIOS[n].shadow), default=None),
         "detection": {n: r["fail"] for n, r in table.items() if SCENARIOS[n].bad},
         "false_fail": {n: r["fail"] for n, r in table.items() if not SCENARIOS[n].bad},
-        # A pass where a fail is right: the version is at or beyond a tolerance.
-        "wrong_pass": {n: r["pass"] for n, r in table.items() if SCENARIOS[n].bad},
+        # A pass where a fail is right: the version is at or beyond a tolerance from its first
+        # request (one that turns slow later may be promoted before it does: the bake's job).
+        "wrong_pass": {n: r["pass"] for n, r in table.items() if _beyond_from_start(n)},
         "wrong_pass_upper95": max((r["pass_upper95"] for n, r in table.items()
-                                   if SCENARIOS[n].bad), default=None),
+                                   if _beyond_from_start(n)), default=None),
         "time_to_verdict_s": {n: r["median_s"] for n, r in table.items()},
         "contradictions": sum(r["contradictions"] for r in table.values()),
         "worst_aa": worst,

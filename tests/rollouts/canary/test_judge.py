@@ -462,6 +462,18 @@ def test_a_shadow_sees_a_10_percent_slowdown_in_pairs_that_two_samples_cannot_ye
     assert metric(alone, "median").state != FAIL and alone.verdict != FAIL
 
 
+def test_a_shadow_reads_a_5_percent_slowdown_in_whole_milliseconds_as_5_percent():
+    """Whole milliseconds at a 5 ms median: the pairs' ratio reads the slowdown at its size
+    (a 0 ms time read as half a step, the rest as recorded). Half a step added to every time
+    would pull each ratio towards 1 and read +5% as +4.6%, and a version exactly at the
+    tolerance would pass far more often than alpha."""
+    rng = np.random.default_rng(23)
+    cand, base = shadow_requests(rng, 200_000, 1.05)
+    found = metric(judge(arm(cand), arm(base), CONFIG, pairs=(cand, base)), "paired")
+    assert 100 * math.expm1(found.estimate) == pytest.approx(5.0, abs=0.25), found
+    assert found.state == "open" and found.low < found.tolerance < found.high
+
+
 def test_a_shadow_of_an_identical_version_is_shown_within_and_never_at_zero_width():
     rng = np.random.default_rng(22)
     cand, base = shadow_requests(rng, 2000, 1.0)
