@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from fleet.inventory import health
 from fleet.models import AuditEvent, Cluster, InferenceServer, Membership, Node, Placement
 from local.s3 import DEMO_ACCESS_KEY_ID, DEMO_SECRET_ACCESS_KEY
+from local.vllm import SCRATCH_ENV
 from rollouts.loads import drift, reconciler
 from rollouts.loads import requests as loads
 from rollouts.models import ModelLoad, ModelVersion
@@ -36,6 +40,13 @@ from tests.fixtures.vllm import tar_folder
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True)]
 State = ModelLoad.State
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 @pytest.fixture
@@ -190,10 +201,20 @@ def test_a_base_model_version_rolls_a_new_server_process(vworld, vllm_base_model
     assert "smollm2" in served(server.http_url)
     pidfile = Path(settings.DATA_DIR) / "local" / "run" / "vllm-vllm-roll.json"
     assert pidfile.exists()
+    # The server the roll started, as another process sees it: its pid from the pidfile, its
+    # process group (API server, engine core, worker) and its scratch folder.
+    pid = json.loads(pidfile.read_text())["pid"]
+    group = [p.pid for p in psutil.process_iter() if _group_of(p.pid) == pid]
+    scratch = Path(psutil.Process(pid).environ()[SCRATCH_ENV])
+    assert pid in group and len(group) >= 2 and scratch.is_dir()
 
     load = run(vworld, version, deployment, "unload")
 
     assert load.state == State.UNLOADED, load.error
     assert not pidfile.exists()
+    # Stopped from its pid: every process of its group ended, its scratch folder is gone.
+    assert not [p for p in group if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not scratch.exists()
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{server.http_url}/health", timeout=3)
