@@ -345,8 +345,11 @@ def error_excess(canary: Arm, baseline: Arm, config: JudgeConfig, levels: Levels
     p_c, p_b = canary.errors / n_c, baseline.errors / n_b
     variance = (sequential.proportion_variance(canary.errors, n_c)
                 + k * k * sequential.proportion_variance(baseline.errors, n_b))
-    return _bounded("errors", "share", p_c - k * p_b, variance, tolerance,
-                    TAU_FACTOR * max(tolerance, 0.001), levels, p_c, p_b)
+    found = _bounded("errors", "share", p_c - k * p_b, variance, tolerance,
+                     TAU_FACTOR * max(tolerance, 0.001), levels, p_c, p_b)
+    # What the excess can be at all (from every baseline request failing and none of the
+    # canary's, to the reverse): a few requests' bounds are shown within it, not as -270 points.
+    return replace(found, low=max(found.low, -k), high=min(found.high, 1.0))
 
 
 def gate(name: str, q: float | None, ceiling: float, canary: Arm, ordered: sequential.Sorted,

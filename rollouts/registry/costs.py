@@ -199,6 +199,12 @@ def compare(candidate: ModelVersion, baseline: ModelVersion, *,
                     f"v{baseline.version} ({cand.unit_seconds_per_1000:.3g} against "
                     f"{base.unit_seconds_per_1000:.3g} unit-seconds per 1,000 requests, "
                     f"{source})")
+            if source == "live":
+                # Held over served: a canary at 5% holds its placement for a twentieth of the
+                # requests, so the live reading says what each cost as it was used.
+                what += (f"; live readings count idle capacity at the traffic each served "
+                         f"({cand.numbers['requests']:,} and {base.numbers['requests']:,} "
+                         "requests): benchmark both to compare them at the same load")
             return {"source": source, "change_pct": round(change, 2), "message": what,
                     "candidate": cand.as_dict(), "baseline": base.as_dict()}
     return {"source": None, "change_pct": None, "candidate": None, "baseline": None,

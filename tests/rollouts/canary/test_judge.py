@@ -214,6 +214,17 @@ def test_ten_times_the_errors_fails_though_the_rates_are_both_small():
     assert errors.canary == pytest.approx(0.01, abs=0.003)
 
 
+def test_a_few_requests_errors_are_bounded_by_what_the_excess_can_be():
+    """14 canary requests and no errors: the anytime-valid bounds of the excess over twice the
+    baseline's rate reach far past what it can be (-270 to +200 points were shown); they are
+    shown within it, from every baseline request failing (-200 points) to every canary one
+    (+100), and the state is what the bounds say."""
+    rng = np.random.default_rng(10)
+    found = metric(judge(arm(latencies(rng, 14)), arm(latencies(rng, 439)), CONFIG), "errors")
+    assert found.low == -2.0 and found.high == 1.0, found
+    assert found.state == "open" and found.shown()["low"] == -200.0 and found.shown()["high"] == 100.0
+
+
 def _sample(status: int, latency: float, upstream: str = "200") -> Sample:
     return Sample(0.0, 1, "v", False, status, latency, latency, 10, upstream, "a", "POST", "/", "r")
 

@@ -83,6 +83,16 @@ def test_the_live_reading_is_unit_seconds_held_over_requests_served(world):
     assert reading.price == pytest.approx(by_hand_unit_s * 1000 / 90_000 / 3600 * 0.36, rel=0.01)
     assert reading.currency == "USD" and reading.device_class == "cpu"
 
+    # Beside a version that held as much for a tenth of the requests (a canary), the
+    # comparison says it is read as each was used, idle capacity included.
+    hold(world, world.v2, 2, NOW - timedelta(hours=10))
+    hold(world, world.v2, 1, NOW - timedelta(hours=6), end=NOW - timedelta(hours=4))
+    served(world, "v2", [150] * 60, NOW - timedelta(hours=1))
+    compared = costs.compare(world.v2, world.v1, end=NOW)
+    assert compared["source"] == "live" and compared["change_pct"] == pytest.approx(900.0, rel=0.02)
+    assert "9,000 and 90,000 requests" in compared["message"]
+    assert "benchmark both to compare them at the same load" in compared["message"]
+
 
 def test_the_benchmark_reading_is_units_over_the_most_load_within_the_slo(world):
     finished_job(world.deployment, world.v1, rps=240.0)
