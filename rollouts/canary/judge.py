@@ -167,7 +167,6 @@ class Levels:
         return Levels(block_alpha(self.fail, block), block_alpha(self.within, block))
 
 
-
 def _bounded(name: str, unit: str, estimate: float, variance: float, tolerance: float,
              tau: float, levels: Levels, canary: float | None, baseline: float | None,
              note: str = "", resolved: bool = True) -> Metric:
@@ -196,11 +195,10 @@ def _waiting(name: str, unit: str, tolerance: float, note: str) -> Metric:
     return Metric(name, unit, "waiting", None, None, None, tolerance, None, None, 0.0, note)
 
 
-
 def quantile_ratio(name: str, q: float, canary: sequential.Sorted, baseline: sequential.Sorted,
                    tolerance_pct: float, levels: Levels) -> Metric:
     """The canary's ``q`` quantile over the baseline's, on the log scale (``unit`` log-ratio;
-    :func:`_pct` turns it into percent)."""
+    :meth:`~rollouts.canary.verdicts.Metric.shown` gives it in percent)."""
     tolerance = math.log1p(tolerance_pct / 100)
     se_c, se_b = canary.quantile_se(q), baseline.quantile_se(q)
     if se_c is None or se_b is None:
