@@ -405,13 +405,15 @@ def main() -> None:
     if args.json:
         print(json.dumps({**s, "scenarios": table, "goals": dict(goals(s))}, indent=1))  # noqa: T201
         return
-    out = [f"{'scenario':<22} {'runs':>5} {'fail':>7} {'fail<=':>7} {'pass':>7} {'inconcl':>7} "
-           f"{'median s':>9} {'fail s':>7} {'contra':>6}"]
+    out = [f"{'scenario':<22} {'runs':>5} {'fail':>7} {'fail<=':>7} {'pass':>7} {'pass<=':>8} "
+           f"{'inconcl':>7} {'median s':>9} {'fail s':>7} {'contra':>6}"]
     for name, r in table.items():
         fail_s = "-" if r["median_fail_s"] is None else f"{r['median_fail_s']:.0f}"
+        # The pass share's upper bound where a pass is wrong (beyond a tolerance from the start).
+        pass_up = f"{r['pass_upper95']:.1%}" if _beyond_from_start(name) else "-"
         out.append(f"{name:<22} {r['runs']:>5} {r['fail']:>7.1%} {r['fail_upper95']:>7.1%} "
-                   f"{r['pass']:>7.1%} {r['inconclusive']:>7.1%} {r['median_s']:>9.0f} "
-                   f"{fail_s:>7} {r['contradictions']:>6}")
+                   f"{r['pass']:>7.1%} {pass_up:>8} {r['inconclusive']:>7.1%} "
+                   f"{r['median_s']:>9.0f} {fail_s:>7} {r['contradictions']:>6}")
     out.append("")
     out.extend(f"  {'met ' if ok else 'MISS'} {text}" for text, ok in goals(s))
     print("\n".join(out))  # noqa: T201
