@@ -428,11 +428,11 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
     say("starting moto S3 and tritonserver (empty repository, explicit mode)…")
     runtime = ensure_runtime(data_dir, progress=say)
     # Signals wait until each server is registered for shutdown: none is left running.
-    with blocked_signals():
+    with deferred_signals():
         moto = start_moto(log_path=tmp / "moto.log")
         stack.callback(moto.stop)
     (tmp / "models").mkdir()
-    with blocked_signals():
+    with deferred_signals():
         triton = start_triton(runtime, tmp / "models", log_path=tmp / "tritonserver.log")
         stack.callback(triton.stop)
 
@@ -544,13 +544,22 @@ def bench(runs: int, tmp: Path, data_dir: Path, stack: contextlib.ExitStack) -> 
 
 
 @contextlib.contextmanager
-def blocked_signals() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back while a child server starts (delivered right after)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back while a child server starts and is registered for shutdown: a
+    signal then is only noted, and acted on right after. (Blocking them with
+    ``pthread_sigmask`` instead is inherited: the server started deaf to SIGTERM, and each
+    stop waited out its timeout before SIGKILL, about 15 s a server.)"""
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in SIGNALS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if noted:
+        STOP.append(noted[0])
+        raise KeyboardInterrupt(f"signal {noted[0]}")
 
 
 def print_table(result: dict[str, Any]) -> None:
